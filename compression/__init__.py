@@ -1,0 +1,60 @@
+"""Gradient compressors, run inside a DDP communication hook.
+
+One file per compressor; each registers a :class:`~compression.base.Compressor` subclass with
+:func:`register`. :func:`build` turns the ``compressor`` config node into a
+:class:`~compression.hook.HookState`, which `run.py` registers on the DDP model with
+``ddp.register_comm_hook(state, compression.hook.comm_hook)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from compression.base import Compressor
+from compression.hook import HookState
+from engine.errors import ConfigError
+
+_REGISTRY: dict[str, type[Compressor]] = {}
+_MODULES = ("none",)
+
+
+def register(name: str) -> Callable[[type[Compressor]], type[Compressor]]:
+    """Class decorator: make a compressor available as ``compressor=name``."""
+
+    def wrap(cls: type[Compressor]) -> type[Compressor]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`create`."""
+    for module in _MODULES:
+        importlib.import_module(f"compression.{module}")
+    return sorted(_REGISTRY)
+
+
+def create(name: str, **params: Any) -> Compressor:
+    """Instantiate compressor ``name``; bad parameters raise a ValueError naming the field."""
+    if name not in available():
+        raise ConfigError(f"compressor.name: unknown compressor {name!r}; choose one of "
+                          f"{available()}")
+    return _REGISTRY[name](**params)
+
+
+def build_compressor(cfg: Any) -> Compressor:
+    """The compressor of the ``compressor`` config node (validates its parameters)."""
+    return create(cfg.name, **{k: v for k, v in cfg.items() if k != "name"})
+
+
+def build(cfg: Any, named_parameters: Iterable[tuple[str, nn.Parameter]],
+          group: ProcessGroup | None = None) -> HookState:
+    """Hook state for the ``compressor`` config node over the model's parameters."""
+    return HookState(build_compressor(cfg), named_parameters, group)

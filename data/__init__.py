@@ -1,0 +1,135 @@
+"""Datasets: one file per dataset, all built through :func:`build`.
+
+A dataset module registers a builder with :func:`register`. The builder takes the
+``dataset`` config node and returns a :class:`DataBundle`. An optional checker, registered
+with ``register(name, check=...)``, validates paths and values without loading anything, so
+that bad input fails before any process group starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from engine.errors import ConfigError
+
+Task = Literal["classification", "language_model"]
+
+
+@dataclass
+class DataBundle:
+    """What a dataset gives the trainer.
+
+    For ``task="classification"``, ``train``/``test`` are map-style datasets of
+    ``(input, label)``; for ``task="language_model"`` they are 1-D ``LongTensor`` token streams
+    that the trainer batchifies. ``num_classes`` is the number of classes or the vocabulary size.
+    """
+
+    task: Task
+    num_classes: int
+    train: Dataset | torch.Tensor
+    test: Dataset | torch.Tensor
+
+
+Builder = Callable[[Any], DataBundle]
+Checker = Callable[[Any], None]
+_BUILDERS: dict[str, Builder] = {}
+_CHECKERS: dict[str, Checker] = {}
+_MODULES = ("digits", "synthetic", "cifar")
+
+
+def register(*names: str, check: Checker | None = None) -> Callable[[Builder], Builder]:
+    """Decorator: make ``fn`` the builder of dataset(s) ``names``."""
+
+    def wrap(fn: Builder) -> Builder:
+        for name in names:
+            _BUILDERS[name] = fn
+            if check is not None:
+                _CHECKERS[name] = check
+        return fn
+
+    return wrap
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`build`."""
+    _load_all()
+    return sorted(_BUILDERS)
+
+
+def check(cfg: Any) -> None:
+    """Validate the ``dataset`` config (values and files) without loading data."""
+    _load_all()
+    if cfg.name not in _BUILDERS:
+        raise ConfigError(
+            f"dataset.name: unknown dataset {cfg.name!r}; choose one of {available()}"
+        )
+    subset = cfg.get("subset")
+    if subset is not None and (not isinstance(subset, int) or subset < 1):
+        raise ConfigError(f"dataset.subset: expected null or an integer >= 1, got {subset!r}")
+    if cfg.name in _CHECKERS:
+        _CHECKERS[cfg.name](cfg)
+
+
+def build(cfg: Any) -> DataBundle:
+    """Load dataset ``cfg.name`` and apply ``cfg.subset`` (first N training examples)."""
+    check(cfg)
+    bundle = _BUILDERS[cfg.name](cfg)
+    subset = cfg.get("subset")
+    if subset is not None:
+        bundle.train = take_first(bundle.train, subset, "dataset.subset")
+    return bundle
+
+
+def take_first(train: Dataset | torch.Tensor, n: int, field: str) -> Dataset | torch.Tensor:
+    """The first ``n`` training examples (tokens, for a token stream)."""
+    size = len(train)  # type: ignore[arg-type]
+    if n > size:
+        raise ConfigError(f"{field}: {n} is larger than the training set ({size} examples)")
+    if isinstance(train, torch.Tensor):
+        return train[:n]
+    return Subset(train, range(n))
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """``exc``'s message on one line, at most ``limit`` characters (for ConfigError messages)."""
+    return " ".join(str(exc).split())[:limit]
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of ``path``; a :class:`ConfigError` naming it if unreadable or not text."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}); the file is corrupt"
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if not text.strip():
+        raise ConfigError(f"{path}: the file is empty; expected text")
+    if "\x00" in text:
+        raise ConfigError(f"{path}: contains NUL bytes; expected plain text (the file is corrupt)")
+    return text
+
+
+def check_vocabulary(cfg: Any, size: int, source: Path) -> int:
+    """``size``, after checking it against ``cfg.num_classes`` when that is set (not null)."""
+    expected = cfg.get("num_classes")
+    if expected is not None and int(expected) != size:
+        raise ConfigError(
+            f"dataset.num_classes: {expected} but {source} gives a vocabulary of {size}; "
+            f"use the standard files or set dataset.num_classes={size} (or null)"
+        )
+    return size
+
+
+def _load_all() -> None:
+    for module in _MODULES:
+        importlib.import_module(f"data.{module}")

@@ -1,0 +1,66 @@
+"""Check the composed config before any process group starts.
+
+Every check raises :class:`~engine.errors.ConfigError` with one line naming the field and what
+is allowed. Hydra itself rejects unknown config-group options (listing the choices).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import compression
+import data
+import models
+import schedulers
+from engine import lr
+from engine.errors import ConfigError
+from engine.record import CHECKPOINT
+
+
+def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
+    """Validate ``cfg`` for a job of ``world_size`` ranks writing to ``run_dir``."""
+    _check_trainer(cfg.trainer, world_size)
+    lr.check(cfg.optimizer)
+    if cfg.model.name not in models.available():
+        raise ConfigError(f"model.name: unknown model {cfg.model.name!r}; choose one of "
+                          f"{models.available()}")
+    data.check(cfg.dataset)
+    compression.build_compressor(cfg.compressor)
+    schedulers.build(cfg.scheduler)
+    if cfg.logger.name == "wandb" and cfg.logger.mode not in ("offline", "online", "disabled"):
+        raise ConfigError(f"logger.mode: expected offline, online or disabled, got "
+                          f"{cfg.logger.mode!r}")
+    if cfg.resume and not (run_dir / CHECKPOINT).is_file():
+        raise ConfigError(f"resume: no {CHECKPOINT} in {run_dir}; pass the run's directory as "
+                          f"hydra.run.dir=<dir> to resume it")
+
+
+def _check_trainer(t: Any, world_size: int) -> None:
+    _at_least(t, "epochs", 1)
+    _at_least(t, "batch_size", 1)
+    _at_least(t, "eval_batch_size", 1)
+    _at_least(t, "num_workers", 0)
+    if t.batch_size % world_size:
+        raise ConfigError(f"trainer.batch_size: the global batch {t.batch_size} must be divisible "
+                          f"by the world size {world_size}")
+    if t.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"trainer.device: expected auto, cpu or cuda, got {t.device!r}")
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device: cuda requested but no CUDA device is available")
+    if t.grad_clip is not None and not float(t.grad_clip) > 0:
+        raise ConfigError(f"trainer.grad_clip: expected null or a number > 0, got {t.grad_clip}")
+    if not float(t.dist_timeout_s) > 0:
+        raise ConfigError(f"trainer.dist_timeout_s: expected > 0, got {t.dist_timeout_s}")
+    if not float(t.bucket_cap_mb) > 0:
+        raise ConfigError(f"trainer.bucket_cap_mb: expected > 0, got {t.bucket_cap_mb}")
+    if t.progress not in ("auto", True, False):
+        raise ConfigError(f"trainer.progress: expected auto, true or false, got {t.progress!r}")
+
+
+def _at_least(node: Any, key: str, low: int) -> None:
+    value = node[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"trainer.{key}: expected an integer >= {low}, got {value!r}")

@@ -1,0 +1,100 @@
+"""One code path for a single process, `torchrun` (env://) and Slurm (`srun`, submitit).
+
+:func:`detect` reads rank, world size and local rank from the environment *without* touching
+``torch.distributed``, so `run.py` can validate the config against the world size before any
+process group starts. :func:`init` then starts the group: nccl on CUDA, gloo on CPU, always with
+a timeout so that a dead rank ends the job with an error instead of a hang. A single process also
+gets a (world-size-1) group, so the training code and the communication hooks never branch on it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str  # "single", "torchrun" or "slurm"
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes the run record and talks to W&B."""
+        return self.rank == 0
+
+
+def detect() -> DistEnv:
+    """Read the job layout from torchrun's or Slurm's variables (torchrun's win if both exist)."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]),
+                       int(env.get("LOCAL_RANK", 0)), "torchrun")
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
+                       int(env.get("SLURM_LOCALID", 0)), "slurm")
+    return DistEnv(0, 1, 0, "single")
+
+
+def device_for(env: DistEnv, requested: str) -> torch.device:
+    """``trainer.device``: "auto" takes this rank's GPU when CUDA is present, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device(requested)
+
+
+def init(env: DistEnv, device: torch.device, timeout_s: float) -> None:
+    """Start the default process group for ``env`` (nccl on CUDA, gloo otherwise)."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    if env.launcher == "single":
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        return
+    if env.launcher == "slurm":
+        os.environ.setdefault("MASTER_ADDR", _slurm_master_addr())
+        os.environ.setdefault("MASTER_PORT", str(_slurm_port()))
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, init_method="env://", rank=env.rank,
+                            world_size=env.world_size, timeout=timeout, **kwargs)
+
+
+def shutdown() -> None:
+    """Destroy the process group if one is up."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _slurm_master_addr() -> str:
+    """First host of the Slurm allocation (``SLURM_NODELIST``), resolved without `scontrol`."""
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+    if not nodelist:
+        return socket.gethostname()
+    return _first_host(nodelist)
+
+
+def _first_host(nodelist: str) -> str:
+    """``"gpu[012-015,020],cpu3"`` -> ``"gpu012"``: the first host of a Slurm host list."""
+    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist
+    if "[" not in head:
+        return head
+    prefix, rest = head.split("[", 1)
+    first = rest.split("]")[0].split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def _slurm_port() -> int:
+    """A port derived from the job id, so every task of the job picks the same one."""
+    return 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000

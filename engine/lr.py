@@ -1,0 +1,57 @@
+"""Per-epoch learning-rate schedule: linear warm-up, then step decays.
+
+``lr(e)`` for 0-based epoch e, with ``lr`` the peak (post-warm-up) learning rate:
+
+- warm-up, e < warmup_epochs:  warmup_start_lr + (lr - warmup_start_lr) * e / warmup_epochs
+- afterwards:                  lr * product of decay_factors[i] for every milestone[i] <= e
+  (``decay_factors`` are cumulative factors relative to ``lr``: the CIFAR recipe's
+  "/10 after epoch 150, /100 after epoch 250" is milestones [150, 250], factors [0.1, 0.01]).
+
+The rate is a pure function of the epoch, so a resumed run needs no schedule state, and
+Accordion reads LR decays from it ("gamma_next < gamma_curr").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import ConfigError
+
+
+def check(cfg: Any) -> None:
+    """Validate ``optimizer`` (lr, momentum, weight decay) and ``optimizer.schedule``."""
+    if not float(cfg.lr) > 0:
+        raise ConfigError(f"optimizer.lr: expected a number > 0, got {cfg.lr}")
+    if not 0 <= float(cfg.momentum) < 1:
+        raise ConfigError(f"optimizer.momentum: expected 0 <= momentum < 1, got {cfg.momentum}")
+    if float(cfg.weight_decay) < 0:
+        raise ConfigError(f"optimizer.weight_decay: expected >= 0, got {cfg.weight_decay}")
+    s = cfg.schedule
+    if int(s.warmup_epochs) < 0:
+        raise ConfigError(f"optimizer.schedule.warmup_epochs: expected >= 0, got {s.warmup_epochs}")
+    if int(s.warmup_epochs) > 0 and not float(s.warmup_start_lr) > 0:
+        raise ConfigError("optimizer.schedule.warmup_start_lr: expected a number > 0, got "
+                          f"{s.warmup_start_lr}")
+    milestones, factors = list(s.milestones), list(s.decay_factors)
+    if len(milestones) != len(factors):
+        raise ConfigError("optimizer.schedule.decay_factors: expected one factor per milestone, "
+                          f"got {len(factors)} factors for {len(milestones)} milestones")
+    if milestones != sorted(milestones) or any(int(m) < 1 for m in milestones):
+        raise ConfigError("optimizer.schedule.milestones: expected increasing epochs >= 1, got "
+                          f"{milestones}")
+    if any(not float(f) > 0 for f in factors):
+        raise ConfigError(f"optimizer.schedule.decay_factors: expected factors > 0, got {factors}")
+
+
+def lr_at(cfg: Any, epoch: int) -> float:
+    """The learning rate of 0-based ``epoch`` under the ``optimizer`` config."""
+    peak, s = float(cfg.lr), cfg.schedule
+    warmup = int(s.warmup_epochs)
+    if epoch < warmup:
+        start = float(s.warmup_start_lr)
+        return start + (peak - start) * epoch / warmup
+    factor = 1.0
+    for milestone, f in zip(s.milestones, s.decay_factors, strict=True):
+        if epoch >= int(milestone):
+            factor = float(f)
+    return peak * factor

@@ -1,0 +1,165 @@
+"""What one training step and one evaluation mean for each kind of dataset.
+
+- :class:`Classification`: map-style ``(input, label)`` datasets, a ``DistributedSampler`` that
+  reshuffles every epoch (``set_epoch``), cross-entropy, test accuracy in %.
+- :class:`LanguageModel`: a token stream cut into one contiguous shard per rank, batchified into
+  ``batch`` columns and read in BPTT windows; the LSTM's hidden state is carried (detached) from
+  window to window within an epoch; test perplexity = exp(mean cross-entropy per token).
+
+Evaluation shards the test set over the ranks without padding and sums losses with one
+all-reduce, so the number is exact for any world size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from data import DataBundle
+from engine.distributed import DistEnv
+from engine.errors import ConfigError
+
+
+class Classification:
+    """Image (or any tensor) classification."""
+
+    metric = "test/accuracy"
+
+    def __init__(self, bundle: DataBundle, env: DistEnv, batch_size: int, eval_batch_size: int,
+                 num_workers: int, seed: int, device: torch.device) -> None:
+        self.env, self.device = env, device
+        self.per_rank = batch_size // env.world_size
+        if len(bundle.train) < batch_size:  # type: ignore[arg-type]
+            raise ConfigError(f"trainer.batch_size: {batch_size} is larger than the training set "
+                              f"({len(bundle.train)} examples)")  # type: ignore[arg-type]
+        self.sampler = DistributedSampler(bundle.train, env.world_size, env.rank, shuffle=True,
+                                          seed=seed, drop_last=True)
+        pin = device.type == "cuda"
+        self.train_loader = DataLoader(bundle.train, self.per_rank, sampler=self.sampler,
+                                       num_workers=num_workers, drop_last=True, pin_memory=pin,
+                                       persistent_workers=num_workers > 0)
+        shard = Subset(bundle.test, range(env.rank, len(bundle.test), env.world_size))
+        self.test_loader = DataLoader(shard, eval_batch_size, num_workers=num_workers,
+                                      pin_memory=pin)
+
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch (the same on every rank)."""
+        return len(self.train_loader)
+
+    def batches(self, epoch: int) -> Iterator[Any]:
+        """This rank's training batches of ``epoch``."""
+        self.sampler.set_epoch(epoch)
+        yield from self.train_loader
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
+        """Mean loss over the batch and the number of examples in it."""
+        x, y = (t.to(self.device, non_blocking=True) for t in batch)
+        return F.cross_entropy(model(x), y), len(y)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Test loss and accuracy (%) over the whole test set, summed over ranks."""
+        model.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        for x, y in self.test_loader:
+            x, y = x.to(self.device), y.to(self.device)
+            logits = model(x)
+            totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
+            totals[1] += (logits.argmax(1) == y).sum()
+            totals[2] += len(y)
+        dist.all_reduce(totals)
+        model.train()
+        loss, correct, n = totals.tolist()
+        return {"test/loss": loss / n, "test/accuracy": 100.0 * correct / n}
+
+
+class LanguageModel:
+    """Word- or character-level language modelling with truncated BPTT."""
+
+    metric = "test/perplexity"
+
+    def __init__(self, bundle: DataBundle, env: DistEnv, batch_size: int, eval_batch_size: int,
+                 bptt: int, device: torch.device) -> None:
+        self.env, self.device, self.bptt = env, device, bptt
+        self.train = self._batchify(_shard(bundle.train, env), batch_size // env.world_size,
+                                    "trainer.batch_size")
+        self.test = self._batchify(_shard(bundle.test, env), eval_batch_size,
+                                   "trainer.eval_batch_size")
+        self.hidden: Any = None
+
+    def _batchify(self, stream: torch.Tensor, columns: int, field: str) -> torch.Tensor:
+        rows = len(stream) // columns
+        if rows < 2:
+            raise ConfigError(f"{field}: {columns} sequences per rank leave fewer than 2 tokens "
+                              f"per sequence of a {len(stream)}-token shard")
+        # Standard recipe: drop the tail, lay the stream out as `columns` parallel sequences.
+        return stream[: rows * columns].view(columns, rows).to(self.device)
+
+    def steps_per_epoch(self) -> int:
+        """BPTT windows per epoch."""
+        return math.ceil((self.train.size(1) - 1) / self.bptt)
+
+    def batches(self, epoch: int) -> Iterator[Any]:
+        """Consecutive BPTT windows (input, target); the hidden state restarts every epoch."""
+        self.hidden = None
+        yield from _windows(self.train, self.bptt)
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
+        """Mean cross-entropy per token of one window; carries the hidden state (detached)."""
+        x, y = batch
+        logits, hidden = model(x, self.hidden)
+        self.hidden = _detach(hidden)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)), y.numel()
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Test loss per token and perplexity over the whole test stream, summed over ranks."""
+        model.eval()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        hidden = None
+        for x, y in _windows(self.test, self.bptt):
+            logits, hidden = model(x, hidden)
+            totals[0] += F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                                         reduction="sum").double()
+            totals[1] += y.numel()
+        dist.all_reduce(totals)
+        model.train()
+        loss = totals[0].item() / totals[1].item()
+        return {"test/loss": loss, "test/perplexity": math.exp(min(loss, 700.0))}
+
+
+def make_task(bundle: DataBundle, env: DistEnv, cfg: Any, device: torch.device
+              ) -> Classification | LanguageModel:
+    """The task object for ``bundle.task``."""
+    t = cfg.trainer
+    if bundle.task == "language_model":
+        return LanguageModel(bundle, env, t.batch_size, t.eval_batch_size,
+                             int(cfg.dataset.bptt), device)
+    return Classification(bundle, env, t.batch_size, t.eval_batch_size, t.num_workers, cfg.seed,
+                          device)
+
+
+def _shard(stream: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Rank r's contiguous 1/world_size of a token stream."""
+    size = len(stream) // env.world_size
+    return stream[env.rank * size:(env.rank + 1) * size]
+
+
+def _windows(data: torch.Tensor, bptt: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, target) windows of at most ``bptt`` tokens, batch-first."""
+    for i in range(0, data.size(1) - 1, bptt):
+        n = min(bptt, data.size(1) - 1 - i)
+        yield data[:, i:i + n], data[:, i + 1:i + 1 + n]
+
+
+def _detach(hidden: Any) -> Any:
+    if isinstance(hidden, torch.Tensor):
+        return hidden.detach()
+    return tuple(_detach(h) for h in hidden)

@@ -1,0 +1,60 @@
+"""Model zoo: one file per network, all built through :func:`build`.
+
+Every model module registers a constructor with :func:`register`; the Hydra configs in
+``conf/model/`` name the model and pass its keyword arguments, so ``models.build(**cfg)`` is
+the only way the suite creates a network.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+from torch import nn
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+# Modules that register models; imported lazily so that importing `models` stays cheap.
+_MODULES = ("resnet18",)
+
+
+def register(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator: make ``fn`` available as ``models.build(name, ...)``."""
+
+    def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`build`."""
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def build(name: str, num_classes: int, **kwargs: object) -> nn.Module:
+    """Create model ``name`` for ``num_classes`` outputs (classes, or vocabulary size)."""
+    _load_all()
+    if name not in _REGISTRY:
+        raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(_REGISTRY)}")
+    return _REGISTRY[name](num_classes=num_classes, **kwargs)
+
+
+def input_kind(name: str) -> dict[str, object]:
+    """Expected input of model ``name``: the ``INPUT`` dict of the module that registers it.
+
+    ``{"kind": "image", "shape": (C, H, W)}`` for image models, ``{"kind": "tokens"}`` for
+    language models (integer ids ``[batch, seq]``).
+    """
+    _load_all()
+    if name not in _REGISTRY:
+        raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(_REGISTRY)}")
+    return dict(sys.modules[_REGISTRY[name].__module__].INPUT)
+
+
+def _load_all() -> None:
+    for module in _MODULES:
+        importlib.import_module(f"models.{module}")

@@ -1,0 +1,291 @@
+"""Train one model under one compressor and scheduler, on one process or many.
+
+    python run.py model=resnet18 dataset=digits trainer.epochs=2            # one process
+    torchrun --standalone --nproc-per-node 2 run.py dataset=digits           # DDP on 2 ranks
+    srun python run.py ...                                                   # Slurm tasks
+    python run.py -m hydra/launcher=submitit_slurm compressor=none,powersgd  # sweep on Slurm
+
+Read top to bottom: check the config, start the process group, build data, model, DDP with
+the compression hook, then train epoch by epoch. Rank 0 leaves the run record in the Hydra
+output directory (see engine/record.py) and logs to W&B.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import compression
+import data
+import models
+import schedulers
+from compression.hook import comm_hook
+from engine import config, distributed, record
+from engine.errors import ConfigError
+from engine.lr import lr_at
+from engine.tasks import make_task
+from engine.wandb_logger import NullLogger, WandbLogger
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: validate, then train (exit status 2 on bad input)."""
+    env = distributed.detect()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        config.validate(cfg, env.world_size, run_dir)
+        bundle = data.build(cfg.dataset)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    train(cfg, env, run_dir, bundle)
+
+
+def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle
+          ) -> dict[str, Any]:
+    """Run the whole training job on this rank; returns the summary (on every rank)."""
+    device = distributed.device_for(env, cfg.trainer.device)
+    distributed.init(env, device, float(cfg.trainer.dist_timeout_s))
+    try:
+        return _train(cfg, env, _shared_run_dir(run_dir), bundle, device)
+    finally:
+        distributed.shutdown()
+
+
+def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle,
+           device: torch.device) -> dict[str, Any]:
+    t = cfg.trainer
+    _seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
+    model = models.build(**cfg.model).to(device)
+    _seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
+    task = make_task(bundle, env, cfg, device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=float(t.bucket_cap_mb))
+    hook = compression.build(cfg.compressor, model.named_parameters())
+    ddp.register_comm_hook(hook, comm_hook)
+    scheduler = schedulers.build(cfg.scheduler)
+    o = cfg.optimizer
+    optimizer = torch.optim.SGD(model.parameters(), lr=float(o.lr), momentum=float(o.momentum),
+                                weight_decay=float(o.weight_decay), nesterov=bool(o.nesterov))
+
+    start_epoch, elapsed_s = 0, 0.0
+    if cfg.resume:
+        start_epoch, elapsed_s = _load(run_dir / record.CHECKPOINT, env, model, optimizer, hook,
+                                       scheduler)
+    log = record.MetricsLog(run_dir, keep_epochs=start_epoch) if env.is_main else None
+    logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
+
+    amp = bool(t.amp) and device.type == "cuda"
+    status, started = "running", time.perf_counter() - elapsed_s
+    for epoch in range(start_epoch, t.epochs):
+        lr = lr_at(o, epoch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        row: dict[str, Any] = {"epoch": epoch, "lr": lr}
+        row.update(scheduler.start_epoch(epoch, hook))
+        hook.reset_epoch()
+
+        # ---- train one epoch --------------------------------------------------------------
+        epoch_start = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        samples, steps = 0, task.steps_per_epoch()
+        bar = tqdm(total=steps, desc=f"epoch {epoch}", leave=False, disable=not _show_bar(t, env))
+        for step, batch in enumerate(task.batches(epoch)):
+            with torch.autocast(device.type, torch.bfloat16, enabled=amp):
+                loss, n = task.loss(ddp, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # the comm hook aggregates (and compresses) gradients here
+            if t.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), float(t.grad_clip))
+            optimizer.step()
+            loss_sum += loss.detach().double()
+            samples += n
+            if not bar.disable and (step % 10 == 0 or step == steps - 1):
+                rate = samples * env.world_size / (time.perf_counter() - epoch_start)
+                bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{rate:.0f}")
+            bar.update()
+        bar.close()
+        dist.all_reduce(loss_sum)
+        epoch_s = time.perf_counter() - epoch_start
+
+        # ---- evaluate, record -------------------------------------------------------------
+        _sync_buffers(model)
+        row["train/loss"] = loss_sum.item() / (steps * env.world_size)
+        row.update(task.evaluate(model))
+        row.update(hook.epoch_stats())
+        row["time/epoch_s"] = epoch_s
+        row["samples_per_s"] = samples * env.world_size / epoch_s
+        row.update(scheduler.end_epoch(epoch, hook.grad_norms(), lr, lr_at(o, epoch + 1)))
+        if log is not None:
+            log.write(row)
+        logger.log(row, step=epoch)
+        _save(run_dir / record.CHECKPOINT, cfg, env, epoch + 1, time.perf_counter() - started,
+              model, optimizer, hook, scheduler)
+        if not math.isfinite(row["train/loss"]):
+            status = "diverged"
+            break
+    else:
+        status = "completed"
+
+    rows = log.rows if log is not None else []
+    summary = record.summarize(rows, status, task.metric, time.perf_counter() - started)
+    summary["params_in_sync"] = _params_in_sync(model)
+    if log is not None:
+        log.close()
+        record.write_summary(run_dir, summary)
+    logger.finish(exit_code=0 if status == "completed" else 1)
+    return summary
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _shared_run_dir(run_dir: Path) -> Path:
+    """Rank 0's output directory, on every rank (ranks may start in different seconds)."""
+    box = [str(run_dir)]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def _params_in_sync(model: torch.nn.Module) -> bool:
+    """True if every rank holds bit-identical parameters (a SHA-256 of their bytes, compared)."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    digests: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest.hexdigest())
+    return len(set(digests)) == 1
+
+
+def _seed_everything(seed: int, rank: int, deterministic: bool) -> None:
+    """Seed Python, NumPy and torch; ``rank`` offsets the data-side seeds (model init uses 0)."""
+    s = int(seed) * 1000 + rank
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+    if deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _show_bar(t: Any, env: distributed.DistEnv) -> bool:
+    if not env.is_main:
+        return False
+    return sys.stderr.isatty() if t.progress == "auto" else bool(t.progress)
+
+
+def _sync_buffers(model: torch.nn.Module) -> None:
+    """Give every rank rank 0's BatchNorm statistics before evaluating (as DDP does in forward)."""
+    for buf in model.buffers():
+        dist.broadcast(buf, src=0)
+
+
+def _make_logger(cfg: DictConfig, run_dir: Path) -> WandbLogger | NullLogger:
+    if cfg.logger.name == "none":
+        return NullLogger()
+    return WandbLogger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _save(path: Path, cfg: DictConfig, env: distributed.DistEnv, next_epoch: int,
+          elapsed_s: float, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+          hook: compression.HookState, scheduler: schedulers.Scheduler) -> None:
+    """Gather every rank's own state (RNG, compressor memories) and write the checkpoint."""
+    mine = {"rng": _rng_state(), "compressor": _to_cpu(hook.state_dict())}
+    per_rank: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, mine)
+    if env.is_main:
+        record.save_checkpoint(path, {
+            "epoch": next_epoch,
+            "elapsed_s": elapsed_s,
+            "world_size": dist.get_world_size(),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "sampler": {"epoch": next_epoch, "seed": int(cfg.seed)},
+            "per_rank": per_rank,
+            "config": OmegaConf.to_container(cfg, resolve=True),
+        })
+    dist.barrier()
+
+
+def _load(path: Path, env: distributed.DistEnv, model: torch.nn.Module,
+          optimizer: torch.optim.Optimizer, hook: compression.HookState,
+          scheduler: schedulers.Scheduler) -> tuple[int, float]:
+    """Restore a checkpoint on every rank; returns (first epoch to run, elapsed seconds)."""
+    ckpt = record.load_checkpoint(path)
+    if ckpt["world_size"] != dist.get_world_size():
+        raise ConfigError(f"resume: {path} was written by {ckpt['world_size']} ranks; resume it "
+                          f"with the same number, not {dist.get_world_size()}")
+    device = next(model.parameters()).device
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    mine = ckpt["per_rank"][env.rank]
+    hook.load_state_dict(_to_device(mine["compressor"], device))
+    _set_rng_state(mine["rng"])
+    return int(ckpt["epoch"]), float(ckpt["elapsed_s"])
+
+
+def _to_cpu(obj: Any) -> Any:
+    return _map_tensors(obj, lambda t: t.detach().cpu())
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    return _map_tensors(obj, lambda t: t.to(device))
+
+
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def _quiet_other_ranks() -> None:
+    """Ranks > 0 write nothing: no Hydra output folder, config copy or log file of their own."""
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    multirun = any(a in ("-m", "--multirun") for a in sys.argv)
+    if rank > 0 and not multirun:
+        extra = ["hydra.output_subdir=null", "hydra/job_logging=disabled",
+                 "hydra/hydra_logging=disabled"]
+        if not any(a.startswith("hydra.run.dir=") for a in sys.argv):
+            extra.append("hydra.run.dir=.")
+        sys.argv.extend(extra)
+
+
+if __name__ == "__main__":
+    _quiet_other_ranks()
+    main()

@@ -1,0 +1,43 @@
+"""Compression-level schedulers: one file per scheduler, built through :func:`build`.
+
+A scheduler sees each epoch's per-layer gradient norms and learning rates and sets the
+compression level of every layer (through the hook state's ``set_levels``) before each epoch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from engine.errors import ConfigError
+from schedulers.base import Scheduler
+
+_REGISTRY: dict[str, type[Scheduler]] = {}
+_MODULES = ("static",)
+
+
+def register(name: str) -> Callable[[type[Scheduler]], type[Scheduler]]:
+    """Class decorator: make a scheduler available as ``scheduler=name``."""
+
+    def wrap(cls: type[Scheduler]) -> type[Scheduler]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`build`."""
+    for module in _MODULES:
+        importlib.import_module(f"schedulers.{module}")
+    return sorted(_REGISTRY)
+
+
+def build(cfg: Any) -> Scheduler:
+    """The scheduler of the ``scheduler`` config node; bad values raise a ConfigError."""
+    if cfg.name not in available():
+        raise ConfigError(f"scheduler.name: unknown scheduler {cfg.name!r}; choose one of "
+                          f"{available()}")
+    return _REGISTRY[cfg.name](**{k: v for k, v in cfg.items() if k != "name"})

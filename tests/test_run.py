@@ -1,0 +1,105 @@
+"""End-to-end runs of `run.py`: one process, two real gloo ranks, resume, W&B, logger failure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import TINY, read_rows, run_cli
+
+EPOCH_KEYS = {"epoch", "lr", "train/loss", "test/loss", "test/accuracy", "comm/bits",
+              "comm/bits_dense", "time/epoch_s", "samples_per_s", "time/compress_s"}
+SUMMARY_KEYS = {"status", "final", "best", "total_bits", "total_time_s", "params_in_sync"}
+TIMING = {"time/epoch_s", "samples_per_s", "time/compress_s"}
+
+
+def _ok(proc) -> None:
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+
+
+def _check_record(run_dir, epochs: int, world_size: int) -> list[dict]:
+    rows = read_rows(run_dir)
+    assert [r["epoch"] for r in rows] == list(range(epochs))
+    model = torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    weights = [k for k, v in model.items() if v.is_floating_point() and "running" not in k]
+    for row in rows:
+        assert row.keys() >= EPOCH_KEYS
+        assert {f"grad_norm/{k}" for k in weights} <= row.keys()
+        # fp32 all-reduce of everything: 32 bits per gradient element per step.
+        numel = sum(model[k].numel() for k in weights)
+        steps = 128 // 32
+        assert row["comm/bits"] == row["comm/bits_dense"] == 32 * numel * steps
+        assert 0.0 <= row["test/accuracy"] <= 100.0
+        assert all(row[f"grad_norm/{k}"] > 0 for k in weights)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary.keys() >= SUMMARY_KEYS
+    assert summary["status"] == "completed" and summary["params_in_sync"] is True
+    assert summary["final"] == rows[-1]["test/accuracy"]
+    assert summary["total_bits"] == sum(r["comm/bits"] for r in rows)
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    return rows
+
+
+def test_single_process_run_leaves_record(tmp_path):
+    proc = run_cli([*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path}"])
+    _ok(proc)
+    rows = _check_record(tmp_path, epochs=2, world_size=1)
+    assert rows[1]["train/loss"] < rows[0]["train/loss"]
+
+
+@pytest.mark.slow
+def test_two_rank_gloo_run_keeps_ranks_in_sync(tmp_path):
+    proc = run_cli([*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path}"], nproc=2)
+    _ok(proc)
+    _check_record(tmp_path, epochs=2, world_size=2)
+    assert not any(p.name.startswith(".hydra") for p in tmp_path.parent.iterdir()
+                   if p != tmp_path)
+
+
+@pytest.mark.slow
+def test_resume_is_bit_exact(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _ok(run_cli([*TINY, "trainer.epochs=3", f"hydra.run.dir={straight}"], nproc=2))
+    _ok(run_cli([*TINY, "trainer.epochs=1", f"hydra.run.dir={resumed}"], nproc=2))
+    _ok(run_cli([*TINY, "trainer.epochs=3", "resume=true", f"hydra.run.dir={resumed}"], nproc=2))
+    a, b = read_rows(straight), read_rows(resumed)
+    assert len(a) == len(b) == 3
+    for row_a, row_b in zip(a, b, strict=True):
+        assert {k: v for k, v in row_a.items() if k not in TIMING} == \
+               {k: v for k, v in row_b.items() if k not in TIMING}
+    ca = torch.load(straight / "checkpoint.pt", weights_only=False)
+    cb = torch.load(resumed / "checkpoint.pt", weights_only=False)
+    for key, value in ca["model"].items():
+        assert torch.equal(value, cb["model"][key]), key
+
+
+def test_resume_with_other_world_size_is_refused(tmp_path):
+    _ok(run_cli([*TINY, "trainer.epochs=1", f"hydra.run.dir={tmp_path}"]))
+    proc = run_cli([*TINY, "trainer.epochs=2", "resume=true", f"hydra.run.dir={tmp_path}"],
+                   nproc=2)
+    assert proc.returncode != 0
+    assert "resume: " in proc.stderr and "written by 1 ranks" in proc.stderr
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_records_the_same_keys(tmp_path):
+    _ok(run_cli([*TINY, "trainer.epochs=1", "logger=wandb", f"hydra.run.dir={tmp_path}"],
+                env={"WANDB_MODE": "offline"}))
+    (log,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    blob = log.read_bytes()
+    for key in ("train/loss", "test/accuracy", "comm/bits", "grad_norm/conv1.weight"):
+        assert key.encode() in blob, key
+    assert b"resnet18-digits-none-static" in blob  # the group = the experiment name
+    _check_record(tmp_path, epochs=1, world_size=1)
+
+
+def test_logger_failure_warns_once_and_training_goes_on(tmp_path):
+    bad_tag = "x" * 100  # W&B refuses tags longer than 64 characters: init fails.
+    proc = run_cli([*TINY, "trainer.epochs=2", "logger=wandb", f"logger.tags=[{bad_tag}]",
+                    f"hydra.run.dir={tmp_path}"])
+    _ok(proc)
+    assert proc.stderr.count("W&B failed to start") == 1
+    assert "continuing with the local run record only" in proc.stderr
+    _check_record(tmp_path, epochs=2, world_size=1)
