@@ -41,7 +41,10 @@ Builder = Callable[[Any], DataBundle]
 Checker = Callable[[Any], None]
 _BUILDERS: dict[str, Builder] = {}
 _CHECKERS: dict[str, Checker] = {}
-_MODULES = ("digits", "synthetic", "cifar")
+_MODULES = (
+    "digits", "synthetic", "cifar", "mnist", "imagenet", "wikitext2", "shakespeare",
+    "synthetic_text",
+)
 
 
 def register(*names: str, check: Checker | None = None) -> Callable[[Builder], Builder]:

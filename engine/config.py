@@ -28,6 +28,7 @@ def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
         raise ConfigError(f"model.name: unknown model {cfg.model.name!r}; choose one of "
                           f"{models.available()}")
     data.check(cfg.dataset)
+    _check_model_fits_data(cfg.model.name, cfg.dataset)
     compression.build_compressor(cfg.compressor)
     schedulers.build(cfg.scheduler)
     if cfg.logger.name == "wandb" and cfg.logger.mode not in ("offline", "online", "disabled"):
@@ -36,6 +37,22 @@ def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
     if cfg.resume and not (run_dir / CHECKPOINT).is_file():
         raise ConfigError(f"resume: no {CHECKPOINT} in {run_dir}; pass the run's directory as "
                           f"hydra.run.dir=<dir> to resume it")
+
+
+def _check_model_fits_data(model: str, dataset: Any) -> None:
+    """A model for token streams needs a language-model dataset; an image model, images of its
+    own height and width (channels adapt through ``model.in_channels``)."""
+    spec = models.input_kind(model)
+    wanted = "language_model" if spec["kind"] == "tokens" else "classification"
+    if dataset.task != wanted:
+        raise ConfigError(f"model.name: {model} takes {spec['kind']} but dataset {dataset.name} "
+                          f"is a {dataset.task} dataset; pick a {wanted} dataset or another model")
+    if spec["kind"] == "image":
+        need, have = list(spec["shape"])[1:], list(dataset.input_shape)[1:]
+        if need != have:
+            raise ConfigError(f"model.name: {model} expects {need[0]}x{need[1]} images but dataset "
+                              f"{dataset.name} has {have[0]}x{have[1]} (dataset.input_shape); "
+                              f"pick a model made for {have[0]}x{have[1]} inputs")
 
 
 def _check_trainer(t: Any, world_size: int) -> None:

@@ -16,7 +16,10 @@ from torch import nn
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
 # Modules that register models; imported lazily so that importing `models` stays cheap.
-_MODULES = ("resnet18",)
+_MODULES = (
+    "resnet18", "vgg19bn", "senet18", "densenet", "googlenet", "alexnet", "resnet50", "lstm",
+    "char_lstm", "mnist_cnn", "cifar10_cnn",
+)
 
 
 def register(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:

@@ -1,4 +1,18 @@
-"""The scheduler interface the training loop calls at epoch boundaries."""
+"""The scheduler interface the training loop calls at epoch boundaries.
+
+Order within epoch e (run.py):
+
+1. ``start_epoch(e, hook)``: set every compressed layer's level for epoch e via
+   ``hook.set_levels``; returns metrics for e's row (``critical/<layer>``, ``level/<layer>``...).
+2. ``batch_size(e)`` and ``lr_scale(e)``: the global batch and the LR multiplier of epoch e
+   (batch-size schedulers; the defaults keep ``trainer.batch_size`` and the configured LR).
+3. the epoch trains;
+4. ``end_epoch(e, grad_norms, lr, next_lr)``: ``grad_norms`` maps each layer to ||Delta_e||
+   (its local gradient summed over epoch e, rank 0's, broadcast so every rank passes the same
+   values), ``lr``/``next_lr`` are the schedule's LR of epochs e and e + 1; returns metrics.
+
+Every rank calls the same methods with the same arguments, so all ranks decide alike.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +22,24 @@ from compression.hook import HookState
 
 
 class Scheduler:
-    """Decides each layer's compression level, epoch by epoch.
-
-    The loop calls :meth:`start_epoch` before an epoch's first step and :meth:`end_epoch` after
-    its last; both return metrics for that epoch's row (``critical/<layer>``, ...).
-    """
+    """Decides each layer's compression level (and the batch size), epoch by epoch."""
 
     name: str = "base"
+
+    def validate(self, compressor: Any, batch_size: int, world_size: int) -> None:
+        """Raise ConfigError if the scheduler's settings don't fit the compressor or the job."""
 
     def start_epoch(self, epoch: int, hook: HookState) -> dict[str, Any]:
         """Set the levels ``hook`` uses in ``epoch``; return metrics to log."""
         return {}
+
+    def batch_size(self, epoch: int, default: int) -> int:
+        """The global batch of ``epoch`` (``default`` = ``trainer.batch_size``)."""
+        return default
+
+    def lr_scale(self, epoch: int) -> float:
+        """Multiplier on the schedule's LR in ``epoch`` (batch-size scaling)."""
+        return 1.0
 
     def end_epoch(self, epoch: int, grad_norms: dict[str, float], lr: float, next_lr: float
                   ) -> dict[str, Any]:

@@ -101,3 +101,28 @@ def test_conf_groups_match_design_card():
     for group in (*GROUPS, "experiment"):
         assert (CONF / group).is_dir(), group
     assert Path(CONF / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize(("model", "dataset", "message"), [
+    ("alexnet", "mnist", "alexnet expects 224x224 images but dataset mnist has 28x28"),
+    ("resnet18", "synthetic_text", "resnet18 takes image but dataset synthetic_text is a "
+                                   "language_model dataset"),
+    ("lstm", "digits", "lstm takes tokens but dataset digits is a classification dataset"),
+    ("mnist_cnn", "cifar10", "mnist_cnn expects 28x28 images but dataset cifar10 has 32x32"),
+])
+def test_model_dataset_mismatch_fails_early(compose_cfg, tmp_path, model, dataset, message):
+    cfg = compose_cfg(f"model={model}", f"dataset={dataset}", f"dataset.root={tmp_path}",
+                      "dataset.download=true" if dataset in ("mnist", "cifar10") else "seed=0")
+    with pytest.raises(ConfigError, match=f"^model.name: {message}"):
+        validate(cfg, world_size=1, run_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("model", "dataset"), [
+    ("googlenet", "cifar100"), ("mnist_cnn", "mnist"), ("lstm", "wikitext2"),
+    ("char_lstm", "shakespeare"), ("resnet50", "imagenet"), ("cifar10_cnn", "digits"),
+])
+def test_shapes_flow_from_dataset_to_model(compose_cfg, model, dataset):
+    cfg = compose_cfg(f"model={model}", f"dataset={dataset}")
+    assert cfg.model.num_classes == cfg.dataset.num_classes
+    if cfg.dataset.task == "classification":
+        assert cfg.model.in_channels == cfg.dataset.input_shape[0]

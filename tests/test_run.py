@@ -103,3 +103,19 @@ def test_logger_failure_warns_once_and_training_goes_on(tmp_path):
     assert proc.stderr.count("W&B failed to start") == 1
     assert "continuing with the local run record only" in proc.stderr
     _check_record(tmp_path, epochs=2, world_size=1)
+
+
+@pytest.mark.slow
+def test_two_rank_lstm_gets_near_the_perplexity_floor(tmp_path, compose_cfg):
+    from data.synthetic_text import perplexity_floor
+
+    proc = run_cli(["experiment=lstm_synthetic_text", "logger=none", "trainer.progress=false",
+                    "trainer.device=cpu", f"hydra.run.dir={tmp_path}"], nproc=2)
+    _ok(proc)
+    rows = read_rows(tmp_path)
+    floor = perplexity_floor(compose_cfg("experiment=lstm_synthetic_text").dataset)
+    final = rows[-1]["test/perplexity"]
+    assert floor <= final <= 1.10 * floor, (final, floor)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["params_in_sync"] is True and summary["final"] == final
+    assert rows[-1]["comm/bits"] == rows[-1]["comm/bits_dense"] > 0
