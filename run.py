@@ -18,6 +18,7 @@ import os
 import random
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,14 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     amp = bool(t.amp) and device.type == "cuda"
     status, started = "running", time.perf_counter() - elapsed_s
     for epoch in range(start_epoch, t.epochs):
-        lr = lr_at(o, epoch)
+        row: dict[str, Any] = {"epoch": epoch}
+        row.update(scheduler.start_epoch(epoch, hook))  # per-layer levels of this epoch
+        batch_size = scheduler.batch_size(epoch, t.batch_size)
+        task.set_batch_size(batch_size)
+        lr = lr_at(o, epoch) * scheduler.lr_scale(epoch)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        row: dict[str, Any] = {"epoch": epoch, "lr": lr}
-        row.update(scheduler.start_epoch(epoch, hook))
+        row.update({"lr": lr, "batch_size": batch_size})
         hook.reset_epoch()
 
         # ---- train one epoch --------------------------------------------------------------
@@ -106,18 +110,25 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
         samples, steps = 0, task.steps_per_epoch()
         bar = tqdm(total=steps, desc=f"epoch {epoch}", leave=False, disable=not _show_bar(t, env))
         for step, batch in enumerate(task.batches(epoch)):
-            with torch.autocast(device.type, torch.bfloat16, enabled=amp):
-                loss, n = task.loss(ddp, batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # the comm hook aggregates (and compresses) gradients here
+            micro_batches = task.split(batch, t.micro_batch_size)
+            n = task.size(batch)
+            for i, micro in enumerate(micro_batches):
+                # Gradient accumulation: only the last micro-batch's backward communicates.
+                last = i == len(micro_batches) - 1
+                with ddp.no_sync() if not last else nullcontext():
+                    with torch.autocast(device.type, torch.bfloat16, enabled=amp):
+                        loss, m = task.loss(ddp, micro)
+                        loss = loss * (m / n)
+                    loss.backward()  # on the last micro-batch the comm hook aggregates here
+                loss_sum += loss.detach().double()
             if t.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), float(t.grad_clip))
             optimizer.step()
-            loss_sum += loss.detach().double()
             samples += n
             if not bar.disable and (step % 10 == 0 or step == steps - 1):
                 rate = samples * env.world_size / (time.perf_counter() - epoch_start)
-                bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{rate:.0f}")
+                bar.set_postfix(loss=f"{loss_sum.item() / (step + 1):.3f}", samples_s=f"{rate:.0f}")
             bar.update()
         bar.close()
         dist.all_reduce(loss_sum)
@@ -130,7 +141,8 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
         row.update(hook.epoch_stats())
         row["time/epoch_s"] = epoch_s
         row["samples_per_s"] = samples * env.world_size / epoch_s
-        row.update(scheduler.end_epoch(epoch, hook.grad_norms(), lr, lr_at(o, epoch + 1)))
+        norms = _from_rank0(hook.grad_norms())  # every rank decides on rank 0's statistic
+        row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
         if log is not None:
             log.write(row)
         logger.log(row, step=epoch)
@@ -155,9 +167,14 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
 # ---- helpers ---------------------------------------------------------------------------------
 def _shared_run_dir(run_dir: Path) -> Path:
     """Rank 0's output directory, on every rank (ranks may start in different seconds)."""
-    box = [str(run_dir)]
+    return Path(_from_rank0(str(run_dir)))
+
+
+def _from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    box = [obj]
     dist.broadcast_object_list(box, src=0)
-    return Path(box[0])
+    return box[0]
 
 
 def _params_in_sync(model: torch.nn.Module) -> bool:

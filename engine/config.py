@@ -29,8 +29,8 @@ def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
                           f"{models.available()}")
     data.check(cfg.dataset)
     _check_model_fits_data(cfg.model.name, cfg.dataset)
-    compression.build_compressor(cfg.compressor)
-    schedulers.build(cfg.scheduler)
+    compressor = compression.build_compressor(cfg.compressor)
+    schedulers.build(cfg.scheduler).validate(compressor, cfg.trainer.batch_size, world_size)
     if cfg.logger.name == "wandb" and cfg.logger.mode not in ("offline", "online", "disabled"):
         raise ConfigError(f"logger.mode: expected offline, online or disabled, got "
                           f"{cfg.logger.mode!r}")
@@ -63,6 +63,10 @@ def _check_trainer(t: Any, world_size: int) -> None:
     if t.batch_size % world_size:
         raise ConfigError(f"trainer.batch_size: the global batch {t.batch_size} must be divisible "
                           f"by the world size {world_size}")
+    micro = t.micro_batch_size
+    if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 1):
+        raise ConfigError(f"trainer.micro_batch_size: expected null or an integer >= 1, got "
+                          f"{micro!r}")
     if t.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"trainer.device: expected auto, cpu or cuda, got {t.device!r}")
     if t.device == "cuda" and not torch.cuda.is_available():

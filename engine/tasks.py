@@ -34,20 +34,28 @@ class Classification:
 
     def __init__(self, bundle: DataBundle, env: DistEnv, batch_size: int, eval_batch_size: int,
                  num_workers: int, seed: int, device: torch.device) -> None:
-        self.env, self.device = env, device
-        self.per_rank = batch_size // env.world_size
-        if len(bundle.train) < batch_size:  # type: ignore[arg-type]
-            raise ConfigError(f"trainer.batch_size: {batch_size} is larger than the training set "
-                              f"({len(bundle.train)} examples)")  # type: ignore[arg-type]
+        self.env, self.device, self.num_workers = env, device, num_workers
+        self.train = bundle.train
         self.sampler = DistributedSampler(bundle.train, env.world_size, env.rank, shuffle=True,
                                           seed=seed, drop_last=True)
-        pin = device.type == "cuda"
-        self.train_loader = DataLoader(bundle.train, self.per_rank, sampler=self.sampler,
-                                       num_workers=num_workers, drop_last=True, pin_memory=pin,
-                                       persistent_workers=num_workers > 0)
+        self.batch_size = 0
+        self.set_batch_size(batch_size)
         shard = Subset(bundle.test, range(env.rank, len(bundle.test), env.world_size))
         self.test_loader = DataLoader(shard, eval_batch_size, num_workers=num_workers,
-                                      pin_memory=pin)
+                                      pin_memory=device.type == "cuda")
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Use global batch ``batch_size`` from the next epoch on (rebuilds the loader)."""
+        if batch_size == self.batch_size:
+            return
+        if len(self.train) < batch_size:  # type: ignore[arg-type]
+            raise ConfigError(f"trainer.batch_size: {batch_size} is larger than the training set "
+                              f"({len(self.train)} examples)")  # type: ignore[arg-type]
+        self.batch_size = batch_size
+        self.train_loader = DataLoader(self.train, batch_size // self.env.world_size,
+                                       sampler=self.sampler, num_workers=self.num_workers,
+                                       drop_last=True, pin_memory=self.device.type == "cuda",
+                                       persistent_workers=self.num_workers > 0)
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch (the same on every rank)."""
@@ -57,6 +65,19 @@ class Classification:
         """This rank's training batches of ``epoch``."""
         self.sampler.set_epoch(epoch)
         yield from self.train_loader
+
+    @staticmethod
+    def size(batch: Any) -> int:
+        """Examples in a batch."""
+        return len(batch[1])
+
+    @staticmethod
+    def split(batch: Any, micro_batch_size: int | None) -> list[Any]:
+        """Micro-batches of at most ``micro_batch_size`` examples (gradient accumulation)."""
+        if micro_batch_size is None or len(batch[1]) <= micro_batch_size:
+            return [batch]
+        x, y = batch
+        return list(zip(x.split(micro_batch_size), y.split(micro_batch_size), strict=True))
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
         """Mean loss over the batch and the number of examples in it."""
@@ -88,11 +109,19 @@ class LanguageModel:
     def __init__(self, bundle: DataBundle, env: DistEnv, batch_size: int, eval_batch_size: int,
                  bptt: int, device: torch.device) -> None:
         self.env, self.device, self.bptt = env, device, bptt
-        self.train = self._batchify(_shard(bundle.train, env), batch_size // env.world_size,
-                                    "trainer.batch_size")
+        self.stream = _shard(bundle.train, env)
+        self.batch_size = 0
+        self.set_batch_size(batch_size)
         self.test = self._batchify(_shard(bundle.test, env), eval_batch_size,
                                    "trainer.eval_batch_size")
         self.hidden: Any = None
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Use ``batch_size`` parallel sequences (over all ranks) from the next epoch on."""
+        if batch_size != self.batch_size:
+            self.batch_size = batch_size
+            self.train = self._batchify(self.stream, batch_size // self.env.world_size,
+                                        "trainer.batch_size")
 
     def _batchify(self, stream: torch.Tensor, columns: int, field: str) -> torch.Tensor:
         rows = len(stream) // columns
@@ -110,6 +139,16 @@ class LanguageModel:
         """Consecutive BPTT windows (input, target); the hidden state restarts every epoch."""
         self.hidden = None
         yield from _windows(self.train, self.bptt)
+
+    @staticmethod
+    def size(batch: Any) -> int:
+        """Target tokens in a window."""
+        return batch[1].numel()
+
+    @staticmethod
+    def split(batch: Any, micro_batch_size: int | None) -> list[Any]:
+        """No accumulation for language models: the hidden state spans the whole window batch."""
+        return [batch]
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
         """Mean cross-entropy per token of one window; carries the hidden state (detached)."""

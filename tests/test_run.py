@@ -119,3 +119,20 @@ def test_two_rank_lstm_gets_near_the_perplexity_floor(tmp_path, compose_cfg):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["params_in_sync"] is True and summary["final"] == final
     assert rows[-1]["comm/bits"] == rows[-1]["comm/bits_dense"] > 0
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    # cifar10_cnn has no BatchNorm, so micro-batches change nothing but the summation order.
+    common = ["model=cifar10_cnn", "dataset=synthetic", "dataset.subset=128", "logger=none",
+              "trainer.batch_size=32", "trainer.epochs=1", "trainer.progress=false"]
+    _ok(run_cli([*common, f"hydra.run.dir={tmp_path / 'big'}"], nproc=2))
+    _ok(run_cli([*common, "trainer.micro_batch_size=4", f"hydra.run.dir={tmp_path / 'acc'}"],
+                nproc=2))
+    big, acc = read_rows(tmp_path / "big"), read_rows(tmp_path / "acc")
+    assert big[0]["comm/bits"] == acc[0]["comm/bits"]  # one communication per step either way
+    assert acc[0]["train/loss"] == pytest.approx(big[0]["train/loss"], rel=1e-5)
+    ma = torch.load(tmp_path / "big" / "checkpoint.pt", weights_only=False)["model"]
+    mb = torch.load(tmp_path / "acc" / "checkpoint.pt", weights_only=False)["model"]
+    for key in ma:
+        torch.testing.assert_close(ma[key], mb[key], rtol=1e-4, atol=1e-6)
