@@ -13,6 +13,7 @@ output directory (see engine/record.py) and logs to W&B.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import random
@@ -41,6 +42,8 @@ from engine.errors import ConfigError
 from engine.lr import lr_at
 from engine.tasks import make_task
 from engine.wandb_logger import NullLogger, WandbLogger
+
+LOG = logging.getLogger("accordion-bench")
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -145,6 +148,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
         row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
         if log is not None:
             log.write(row)
+            _report(row, task.metric)
         logger.log(row, step=epoch)
         _save(run_dir / record.CHECKPOINT, cfg, env, epoch + 1, time.perf_counter() - started,
               model, optimizer, hook, scheduler)
@@ -160,11 +164,21 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     if log is not None:
         log.close()
         record.write_summary(run_dir, summary)
+        LOG.info("%s: final %s %.4g (best %.4g), run record in %s", status, task.metric,
+                 summary["final"], summary["best"], run_dir)
     logger.finish(exit_code=0 if status == "completed" else 1)
     return summary
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+def _report(row: dict[str, Any], metric: str) -> None:
+    """One log line per epoch (console and the run's run.log)."""
+    LOG.info("epoch %d  lr %.4g  train/loss %.4f  %s %.4g  comm %.3g Gbit (%.1f%% of fp32)  %.1fs",
+             row["epoch"], row["lr"], row["train/loss"], metric, row[metric],
+             row["comm/bits"] / 1e9, 100 * row["comm/bits"] / max(row["comm/bits_dense"], 1),
+             row["time/epoch_s"])
+
+
 def _shared_run_dir(run_dir: Path) -> Path:
     """Rank 0's output directory, on every rank (ranks may start in different seconds)."""
     return Path(_from_rank0(str(run_dir)))

@@ -45,3 +45,15 @@ def run_cli(args: list[str], nproc: int = 1, env: dict[str, str] | None = None,
 def read_rows(run_dir: Path) -> list[dict]:
     """The run's metrics.jsonl rows."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` where no CUDA device is present."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

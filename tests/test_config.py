@@ -6,12 +6,14 @@ import itertools
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 
 from engine.config import validate
 from engine.errors import ConfigError
 from tests.conftest import CONF, TINY, run_cli
 
-GROUPS = ("model", "dataset", "compressor", "scheduler", "optimizer", "trainer", "logger")
+GROUPS = ("model", "dataset", "compressor", "scheduler", "optimizer", "trainer", "logger",
+          "launcher")
 
 
 def options(group: str) -> list[str]:
@@ -23,7 +25,7 @@ def options(group: str) -> list[str]:
 def test_every_option_composes(compose_cfg, group):
     for option in options(group):
         cfg = compose_cfg(f"{group}={option}")
-        assert cfg[group] is not None
+        assert group == "launcher" or cfg[group] is not None  # launchers are _global_ presets
         assert cfg.trainer.epochs >= 1 and cfg.trainer.batch_size >= 1
         assert "seed" in cfg and "resume" in cfg and "subset" in cfg.dataset
 
@@ -126,3 +128,10 @@ def test_shapes_flow_from_dataset_to_model(compose_cfg, model, dataset):
     assert cfg.model.num_classes == cfg.dataset.num_classes
     if cfg.dataset.task == "classification":
         assert cfg.model.in_channels == cfg.dataset.input_shape[0]
+
+
+def test_slurm_launcher_composes_submitit(tmp_path):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["launcher=slurm"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    assert cfg.hydra.launcher.tasks_per_node == 4
