@@ -1,0 +1,85 @@
+"""Launcher detection and the process-group timeout (a dead rank must not hang the job)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from engine import distributed
+
+
+def test_detect_single(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    assert distributed.detect() == distributed.DistEnv(0, 1, 0, "single")
+
+
+def test_detect_torchrun_wins_over_slurm(monkeypatch):
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed.detect() == distributed.DistEnv(3, 4, 1, "torchrun")
+
+
+def test_detect_slurm(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "6")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "2")
+    env = distributed.detect()
+    assert env == distributed.DistEnv(6, 8, 2, "slurm") and not env.is_main
+
+
+@pytest.mark.parametrize(("nodelist", "host"), [
+    ("node7", "node7"), ("gpu[012-015,020]", "gpu012"), ("a[3,5],b1", "a3"),
+    ("cpu1,cpu2", "cpu1"), ("x[9]", "x9"),
+])
+def test_first_host_of_slurm_nodelist(nodelist, host):
+    assert distributed._first_host(nodelist) == host
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, port: int, queue) -> None:
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    env = distributed.detect()
+    distributed.init(env, torch.device("cpu"), timeout_s=3)
+    if rank == 1:
+        return  # a rank that dies: never joins the next collective
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        queue.put(("no error", time.monotonic() - start))
+    except RuntimeError as exc:
+        queue.put((type(exc).__name__, time.monotonic() - start))
+
+
+@pytest.mark.slow
+def test_dead_rank_ends_the_job_with_an_error_not_a_hang():
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    outcome, waited = queue.get(timeout=120)
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    assert outcome == "RuntimeError"
+    assert waited < 60
