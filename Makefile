@@ -16,9 +16,7 @@ $(VENV_STAMP): pyproject.toml
 	touch $(VENV_STAMP)
 
 demo: $(VENV_STAMP) ## 2-process DDP ResNet-18 on the embedded digits data, CPU (a few minutes)
-	$(PY) -m torch.distributed.run --standalone --nproc-per-node 2 run.py \
-	    model=resnet18 dataset=digits trainer.epochs=3 trainer.batch_size=64 \
-	    trainer.device=cpu name=demo
+	$(PY) -m torch.distributed.run --standalone --nproc-per-node 2 run.py experiment=demo
 
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 	$(PY) -m ruff check .

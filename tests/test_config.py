@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from engine.config import validate
 from engine.errors import ConfigError
@@ -33,13 +34,23 @@ def test_every_option_composes(compose_cfg, group):
 def test_every_compressor_scheduler_pair_composes_and_validates(compose_cfg, tmp_path):
     for comp, sched in itertools.product(options("compressor"), options("scheduler")):
         cfg = compose_cfg(f"compressor={comp}", f"scheduler={sched}", "dataset=digits")
-        validate(cfg, world_size=1, run_dir=tmp_path)
+        if comp == "none" and sched in ("accordion", "accordion_joint"):
+            # No compression, no levels to switch: a clear error, not a silent no-op.
+            with pytest.raises(ConfigError, match=r"^scheduler\.low: "):
+                validate(cfg, world_size=1, run_dir=tmp_path)
+        else:
+            validate(cfg, world_size=1, run_dir=tmp_path)
 
 
-def test_experiments_compose(compose_cfg):
+def test_experiments_compose_and_win_over_defaults(compose_cfg):
+    assert options("experiment")
     for experiment in options("experiment"):
         cfg = compose_cfg(f"experiment={experiment}")
-        assert cfg.name
+        preset = OmegaConf.load(CONF / "experiment" / f"{experiment}.yaml")
+        if "name" in preset:
+            assert cfg.name == preset.name  # an experiment overrides config.yaml's own keys
+        if "trainer" in preset and "epochs" in preset.trainer:
+            assert cfg.trainer.epochs == preset.trainer.epochs
 
 
 def test_defaults_validate(compose_cfg, tmp_path):
