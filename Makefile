@@ -30,3 +30,6 @@ lint: $(VENV_STAMP) ## ruff
 
 clean: ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun wandb .pytest_cache
+
+bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
+	$(PY) -m benchmarks.compressors

@@ -1,14 +1,16 @@
 """Gradient compressors, run inside a DDP communication hook.
 
-One file per compressor; each registers a :class:`~compression.base.Compressor` subclass with
-:func:`register`. :func:`build` turns the ``compressor`` config node into a
-:class:`~compression.hook.HookState`, which `run.py` registers on the DDP model with
-``ddp.register_comm_hook(state, compression.hook.comm_hook)``.
+One file per compressor (``none``, ``powersgd``, ``topk``, ``adacomp``); each registers a
+:class:`~compression.base.Compressor` subclass with :func:`register`. :func:`build` turns the
+``compressor`` config node into a :class:`~compression.hook.HookState`, which `run.py` registers
+on the DDP model with ``ddp.register_comm_hook(state, compression.hook.comm_hook)``.
+:func:`simulate` runs the same compressor code on simulated workers, without a process group.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,10 +19,14 @@ from torch.distributed import ProcessGroup
 
 from compression.base import Compressor
 from compression.hook import HookState
+from compression.simulate import Simulation, simulate
 from engine.errors import ConfigError
 
+__all__ = ["Compressor", "HookState", "Simulation", "available", "build", "build_compressor",
+           "create", "register", "simulate"]
+
 _REGISTRY: dict[str, type[Compressor]] = {}
-_MODULES = ("none",)
+_MODULES = ("none", "powersgd", "topk", "adacomp")
 
 
 def register(name: str) -> Callable[[type[Compressor]], type[Compressor]]:
@@ -46,7 +52,13 @@ def create(name: str, **params: Any) -> Compressor:
     if name not in available():
         raise ConfigError(f"compressor.name: unknown compressor {name!r}; choose one of "
                           f"{available()}")
-    return _REGISTRY[name](**params)
+    cls = _REGISTRY[name]
+    allowed = [p for p in inspect.signature(cls).parameters if p != "self"]
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(f"compressor.{key}: unknown key for compressor {name!r}; "
+                              f"expected {allowed or 'none'}")
+    return cls(**params)
 
 
 def build_compressor(cfg: Any) -> Compressor:

@@ -1,12 +1,14 @@
-"""The compressor interface and the per-layer record the hook keeps for every parameter."""
+"""The compressor interface, the per-layer record the hook keeps, and config checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-from torch.distributed import ProcessGroup
+
+from compression.comm import Comm, Steps
+from engine.errors import ConfigError
 
 
 @dataclass
@@ -14,7 +16,8 @@ class Layer:
     """One parameter tensor as the hook sees it in a step.
 
     ``grad`` is this worker's local gradient (a view into DDP's bucket buffer) on entry; a
-    compressor overwrites it with the aggregate every worker applies. ``memory`` holds the
+    compressor overwrites it with the aggregate every worker applies. ``level`` is the layer's
+    compression level (PowerSGD rank, Top-K ratio, AdaComp bin size). ``memory`` holds the
     compressor's state for this layer (error feedback, residue, warm-start Q, ...), kept across
     steps and checkpointed.
     """
@@ -26,26 +29,83 @@ class Layer:
     grad: torch.Tensor | None = None
 
 
+class Sent(NamedTuple):
+    """What one worker sent for one layer in one step.
+
+    ``bits`` is the paper's accounting of the payload; ``wire_bits`` what our own message
+    format puts on the wire (they differ for AdaComp, whose paper encoding we do not implement).
+    """
+
+    bits: int
+    wire_bits: int
+
+
 class Compressor:
     """A layer-wise gradient compressor.
 
-    Subclasses implement :meth:`reduce` for a bucket's matrix-shaped layers (ndim > 1); the hook
-    all-reduces everything else uncompressed. ``compresses = False`` (the ``none`` compressor)
-    makes the hook all-reduce the whole bucket in fp32.
+    Subclasses implement :meth:`aggregate` for a bucket's matrix-shaped layers (ndim > 1); the
+    hook all-reduces everything else uncompressed. ``compresses = False`` (the ``none``
+    compressor) makes the hook all-reduce the whole bucket in fp32. A compressor instance holds
+    configuration only: per-layer state lives in :attr:`Layer.memory`.
     """
 
     name: str = "base"
     compresses: bool = True
+    level_field: str = "level"  # the config key that sets every layer's default level
 
-    def default_level(self) -> Any:
-        """The level a layer starts with (e.g. the configured rank)."""
+    def default_level(self, shape: torch.Size) -> Any:
+        """The level a layer of ``shape`` starts with (e.g. the configured rank)."""
         return None
 
-    def reduce(self, layers: list[Layer], group: ProcessGroup | None,
-               world_size: int) -> torch.futures.Future[list[int]]:
-        """Aggregate ``layers``' gradients in place (the mean over workers).
+    def validate_level(self, level: Any, field: str | None = None) -> Any:
+        """``level`` as the plain number :meth:`aggregate` uses, or a ConfigError naming
+        ``field`` (default: ``compressor.<level_field>``) and the allowed range."""
+        raise ConfigError(f"{field or 'compressor.name'}: compressor {self.name!r} has no "
+                          f"levels to set")
 
-        Returns a future that completes when every ``layer.grad`` holds the aggregate, with the
-        number of payload bits this worker sent for each layer.
-        """
+    def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
+        """Steps that overwrite every ``layer.grad`` with the mean over workers of its
+        (compressed) gradient; returns what this worker sent for each layer, in order."""
         raise NotImplementedError
+
+
+class Scratch:
+    """Reusable buffers for a compressor's large temporaries (|G|, masks, ...).
+
+    Not state: a buffer's contents are garbage between uses, and a slot must not be taken again
+    while its last view is still in use. Reusing them spares the page faults a fresh allocation
+    of that size costs on every step on CPU (which outweigh the arithmetic).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def take(self, slot: str, numel: int, like: torch.Tensor,
+             dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A 1-D tensor of ``numel`` elements (``like``'s device, ``dtype`` or ``like``'s)."""
+        key = (slot, dtype or like.dtype, like.device)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self._buffers[key] = like.new_empty(numel, dtype=key[1])
+        return buffer[:numel]
+
+
+def check_int(value: Any, field: str, low: int = 1) -> int:
+    """``value`` as an int >= ``low``, or a ConfigError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{field}: expected an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def check_ratio(value: Any, field: str) -> float:
+    """``value`` as a float in (0, 1], or a ConfigError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ConfigError(f"{field}: expected a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def check_bool(value: Any, field: str) -> bool:
+    """``value`` if it is a bool, or a ConfigError naming ``field``."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field}: expected true or false, got {value!r}")
+    return value

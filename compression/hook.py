@@ -4,16 +4,21 @@ For every bucket DDP hands over (while the backward pass goes on), :func:`comm_h
 
 1. adds each layer's local gradient to its epoch sum Delta_e (Accordion's statistic, taken
    before any compression or error feedback),
-2. all-reduces the tensors with ndim <= 1 (biases, norm layers) uncompressed, in one call,
-3. lets the compressor aggregate the matrix-shaped layers (PowerSGD, Top-K, AdaComp), and
-4. counts the bits this worker put into its messages and the time spent compressing.
+2. runs :func:`aggregate_bucket`: the tensors with ndim <= 1 (biases, norm layers) go
+   uncompressed in one all-reduce, the matrix-shaped layers through the compressor, and
+3. counts the bits this worker put into its messages and the time spent compressing and
+   decompressing (compute only, not the wait for the network).
 
 With ``compressor=none`` the whole bucket goes in one fp32 all-reduce, as DDP does without a
 hook. Bits are the payload (32 per element for fp32), not the collective's wire traffic.
+
+A bucket's collectives are started only after the previous bucket's have finished. DDP calls
+the hook in the same bucket order on every rank, but a compressor starts its later collectives
+from completion callbacks, whose timing differs across ranks; chaining the buckets keeps the
+order of collectives identical on every rank, which gloo and NCCL require.
 """
 
-
-import time
+# No `from __future__ import annotations` here: DDP checks comm_hook's annotations at runtime.
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,10 +26,39 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
+from torch.futures import Future
 
-from compression.base import Compressor, Layer
+from compression.base import Compressor, Layer, Sent
+from compression.comm import Comm, GroupComm, Steps, Timer, drive
+from engine.errors import ConfigError
 
 FP32_BITS = 32
+
+
+def aggregate_bucket(compressor: Compressor, dense: list[torch.Tensor], layers: list[Layer],
+                     comm: Comm) -> Steps[list[Sent]]:
+    """Steps that replace every gradient of a bucket by the mean over workers.
+
+    ``dense`` tensors go uncompressed in one all-reduce (one tensor is reduced in place, several
+    through a flat copy); ``layers`` through ``compressor``. Returns what this worker sent: one
+    entry for the dense tensors together, then one per layer.
+    """
+    world = comm.world_size
+    flat, reduced = None, None
+    if dense:
+        flat = dense[0] if len(dense) == 1 else torch.cat([t.reshape(-1) for t in dense])
+        reduced = comm.all_reduce(flat)  # started first: it overlaps the compressor's work
+    sent = (yield from compressor.aggregate(layers, comm)) if layers else []
+    if flat is None:
+        return sent
+    mean = (yield reduced).div_(world)
+    if len(dense) > 1:
+        offset = 0
+        for t in dense:
+            t.copy_(mean[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+    bits = FP32_BITS * flat.numel()
+    return [Sent(bits, bits), *sent]
 
 
 class HookState:
@@ -33,17 +67,21 @@ class HookState:
     def __init__(self, compressor: Compressor, named_parameters: Iterable[tuple[str, nn.Parameter]],
                  group: ProcessGroup | None = None) -> None:
         self.compressor = compressor
-        self.group = group
-        self.world_size = dist.get_world_size(group)
+        self.comm = GroupComm(group)
+        self.world_size = self.comm.world_size
         self.layers: dict[str, Layer] = {}
         self._name_of: dict[int, str] = {}
         for name, param in named_parameters:
             if not param.requires_grad:
                 continue
-            level = compressor.default_level() if param.ndim > 1 else None
+            level = compressor.default_level(param.shape) if param.ndim > 1 else None
             self.layers[name] = Layer(name, param.shape, level)
             self._name_of[id(param)] = name
+        self._compressed = set(self.compressed_layers())
         self.grad_sums: dict[str, torch.Tensor] = {}
+        self.timer = Timer()
+        self._previous: Future = Future()  # the last bucket's completion (see the module doc)
+        self._previous.set_result(None)
         self.reset_epoch()
 
     # ---- levels (the schedulers' API) -------------------------------------------------
@@ -54,16 +92,24 @@ class HookState:
         return [n for n, layer in self.layers.items() if len(layer.shape) > 1]
 
     def set_levels(self, levels: dict[str, Any]) -> None:
-        """Set the compression level of some layers; takes effect from the next step."""
+        """Set the compression level of some layers; takes effect from the next step.
+
+        Every rank must set the same levels at the same step. A bad level or a layer that is not
+        compressed raises a ConfigError naming ``level/<layer>``.
+        """
         for name, level in levels.items():
-            self.layers[name].level = level
+            if name not in self._compressed:
+                raise ConfigError(f"level/{name}: not a compressed layer; choose one of "
+                                  f"{sorted(self._compressed)}")
+            self.layers[name].level = self.compressor.validate_level(level, f"level/{name}")
 
     # ---- accounting ---------------------------------------------------------------------
     def reset_epoch(self) -> None:
         """Start a new epoch's sums: bits, time, and each layer's Delta_e."""
         self.bits = 0
+        self.wire_bits = 0
         self.bits_dense = 0
-        self.compress_s = 0.0
+        self.timer.seconds = 0.0
         self.steps = 0
         for g in self.grad_sums.values():
             g.zero_()
@@ -72,8 +118,9 @@ class HookState:
         """The epoch's metrics (``comm/*``, ``time/compress_s``, ``level/*``, ``grad_norm/*``)."""
         stats: dict[str, float] = {
             "comm/bits": float(self.bits),
+            "comm/wire_bits": float(self.wire_bits),
             "comm/bits_dense": float(self.bits_dense),
-            "time/compress_s": self.compress_s,
+            "time/compress_s": self.timer.seconds,
         }
         for name in self.compressed_layers():
             stats[f"level/{name}"] = self.layers[name].level
@@ -87,17 +134,38 @@ class HookState:
 
     # ---- checkpoint ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Levels and memories of every layer (this worker's; memories differ across workers)."""
-        return {name: {"level": layer.level, "memory": dict(layer.memory)}
-                for name, layer in self.layers.items()}
+        """Levels and memories of every layer (this worker's; memories differ across workers).
+
+        Tensors are copies: training on does not change a saved state.
+        """
+        return {"compressor": self.compressor.name,
+                "layers": {name: {"level": layer.level,
+                                  "memory": {k: v.clone() for k, v in layer.memory.items()}}
+                           for name, layer in self.layers.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        for name, saved in state.items():
+        """Restore what :meth:`state_dict` saved (from a run with the same compressor)."""
+        if state["compressor"] != self.compressor.name:
+            raise ConfigError(f"resume: the checkpoint was written with compressor "
+                              f"{state['compressor']!r}, not {self.compressor.name!r}")
+        for name, saved in state["layers"].items():
             self.layers[name].level = saved["level"]
-            self.layers[name].memory = dict(saved["memory"])
+            self.layers[name].memory = {k: v.clone() for k, v in saved["memory"].items()}
 
     # ---- used by the hook ---------------------------------------------------------------
+    def split(self, names: list[str], grads: list[torch.Tensor], buffer: torch.Tensor
+              ) -> tuple[list[torch.Tensor], list[Layer]]:
+        """A bucket's tensors sent dense, and its compressed layers (``grad`` set to the
+        bucket's views): with ``compressor=none`` the whole buffer goes dense."""
+        if not self.compressor.compresses:
+            return [buffer], []
+        layers = []
+        for name, grad in zip(names, grads, strict=True):
+            if grad.ndim > 1:
+                layers.append(self.layers[name])
+                layers[-1].grad = grad
+        return [g for g in grads if g.ndim <= 1], layers
+
     def _accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
         for name, grad in zip(names, grads, strict=True):
             acc = self.grad_sums.get(name)
@@ -106,8 +174,18 @@ class HookState:
             else:
                 acc.add_(grad)
 
+    def _bucket_steps(self, previous: Future, dense: list[torch.Tensor], layers: list[Layer],
+                      buffer: torch.Tensor) -> Steps[torch.Tensor]:
+        yield previous  # start this bucket's collectives after the previous bucket's
+        sent = yield from aggregate_bucket(self.compressor, dense, layers, self.comm)
+        self.bits += sum(s.bits for s in sent)
+        self.wire_bits += sum(s.wire_bits for s in sent)
+        for layer in layers:
+            layer.grad = None
+        return buffer
 
-def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+
+def comm_hook(state: HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """DDP communication hook: aggregate one bucket with ``state.compressor``."""
     buffer = bucket.buffer()
     grads = bucket.gradients()
@@ -115,42 +193,8 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     state._accumulate(names, grads)
     state.steps += bucket.is_last()
     state.bits_dense += FP32_BITS * buffer.numel()
-    world = state.world_size
 
-    if not state.compressor.compresses:
-        state.bits += FP32_BITS * buffer.numel()
-        work = dist.all_reduce(buffer, group=state.group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0].div_(world))
-
-    start = time.perf_counter()
-    dense = [g for g in grads if g.ndim <= 1]
-    layers = []
-    for name, grad in zip(names, grads, strict=True):
-        if grad.ndim > 1:
-            layer = state.layers[name]
-            layer.grad = grad
-            layers.append(layer)
-    futures = []
-    if dense:
-        flat = torch.cat([g.reshape(-1) for g in dense])
-        state.bits += FP32_BITS * flat.numel()
-        work = dist.all_reduce(flat, group=state.group, async_op=True)
-
-        def unflatten(fut: torch.futures.Future) -> None:
-            out = fut.value()[0].div_(world)
-            offset = 0
-            for g in dense:
-                g.copy_(out[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-
-        futures.append(work.get_future().then(unflatten))
-    if layers:
-
-        def count(fut: torch.futures.Future[list[int]]) -> None:
-            state.bits += sum(fut.value())
-            for layer in layers:
-                layer.grad = None
-
-        futures.append(state.compressor.reduce(layers, state.group, world).then(count))
-    state.compress_s += time.perf_counter() - start
-    return torch.futures.collect_all(futures).then(lambda _: buffer)
+    dense, layers = state.split(names, grads, buffer)
+    steps = state._bucket_steps(state._previous, dense, layers, buffer)
+    state._previous = drive(steps, state.timer)
+    return state._previous

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -63,6 +64,11 @@ def init(env: DistEnv, device: torch.device, timeout_s: float) -> None:
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         return
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        warnings.warn("OMP_NUM_THREADS is not set: set it (torchrun sets 1) so that every thread "
+                      "of a rank uses the same number of intra-op threads; otherwise ranks can "
+                      "round differently and drift apart (summary.json's params_in_sync tells)",
+                      RuntimeWarning, stacklevel=2)
     if env.launcher == "slurm":
         os.environ.setdefault("MASTER_ADDR", _slurm_master_addr())
         os.environ.setdefault("MASTER_PORT", str(_slurm_port()))

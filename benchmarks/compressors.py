@@ -1,0 +1,278 @@
+"""Benchmark the compressors on ResNet-18's gradients; writes results/bench/compressors.{csv,md}.
+
+    make bench-compressors            # or: .venv/bin/python -m benchmarks.compressors
+
+1. Compress + decompress time of one step on one worker (a world-size-1 gloo group), for every
+   compressor and level, as a ratio to one memory pass over the same gradients (``clone``), side
+   by side with peers in the same process: a plain ``torch.topk`` Top-K and PyTorch's
+   ``powerSGD_hook``. Gradients come from one real backward pass; they are bucketed as DDP
+   does (reverse order, 25 MiB). Ours runs :func:`compression.hook.aggregate_bucket`, the hook's
+   path after it adds the gradients to Accordion's per-epoch sums (a memory pass, not timed).
+2. Step time of a 2-process DDP ResNet-18 with ``compressor=none`` against DDP's built-in
+   all-reduce (no hook).
+
+Timings are medians over repeats; the methods are interleaved within every repeat, so the
+machine's noise hits them alike. Targets: AdaComp <= 3x a memory pass, our Top-K <= 1.0x the
+torch.topk peer, our PowerSGD <= 1.0x PyTorch's hook, ``none`` <= 1.05x built-in DDP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import compression
+import models
+from compression.comm import drive
+from compression.hook import aggregate_bucket, comm_hook
+from tests.distributed import run_ranks
+
+OUT = Path("results/bench")
+BUCKET_BYTES = 25 * 2**20
+POWERSGD_RANKS = (1, 2, 4)
+TOPK_RATIOS = (0.99, 0.25, 0.1, 0.02)
+ADACOMP_BINS = ((50, 500), (500, 5000), (5000, 50000))
+
+
+class Bucket:
+    """What a DDP comm hook sees of a bucket (the methods both hooks call)."""
+
+    def __init__(self, index: int, params: list[tuple[str, nn.Parameter]], last: bool) -> None:
+        self._index, self._last = index, last
+        self.names = [n for n, _ in params]
+        self._params = [p for _, p in params]
+        self._buffer = torch.empty(sum(p.numel() for p in self._params))
+        self._grads, offset = [], 0
+        for p in self._params:
+            self._grads.append(self._buffer[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.saved = torch.cat([p.grad.reshape(-1) for p in self._params])
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self._grads
+
+    def parameters(self) -> list[nn.Parameter]:
+        return self._params
+
+    def is_last(self) -> bool:
+        return self._last
+
+    def restore(self) -> None:
+        """Put the original gradient back (every method overwrites it)."""
+        self._buffer.copy_(self.saved)
+
+
+def resnet18_buckets(batch: int = 16) -> tuple[nn.Module, list[Bucket]]:
+    """ResNet-18 (CIFAR) with the gradients of one backward pass, bucketed like DDP."""
+    torch.manual_seed(0)
+    model = models.build("resnet18", num_classes=10)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    groups: list[list[tuple[str, nn.Parameter]]] = [[]]
+    size = 0
+    for name, p in reversed(list(model.named_parameters())):
+        if groups[-1] and size + 4 * p.numel() > BUCKET_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, p))
+        size += 4 * p.numel()
+    return model, [Bucket(i, g, i == len(groups) - 1) for i, g in enumerate(groups)]
+
+
+# ---- the methods timed ---------------------------------------------------------------------
+def clone_pass(buckets: list[Bucket]) -> Callable[[], None]:
+    grads = [g for b in buckets for g in b.gradients()]
+    return lambda: [g.clone() for g in grads] and None
+
+
+def ours(name: str, model: nn.Module, buckets: list[Bucket], **params: Any
+         ) -> Callable[[], None]:
+    """The hook's path for our compressor ``name`` (memories kept from step to step)."""
+    state = compression.HookState(compression.create(name, **params), model.named_parameters())
+
+    def step() -> None:
+        futures = []
+        for b in buckets:
+            dense, layers = state.split(b.names, b.gradients(), b.buffer())
+            futures.append(drive(aggregate_bucket(state.compressor, dense, layers, state.comm)))
+        for f in futures:
+            f.wait()
+
+    return step
+
+
+def torch_powersgd(rank: int, buckets: list[Bucket]) -> Callable[[], None]:
+    state = torch_psgd.PowerSGDState(
+        process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+        min_compression_rate=1, use_error_feedback=True, warm_start=True,
+        orthogonalization_epsilon=1e-8)
+
+    def step() -> None:
+        for f in [torch_psgd.powerSGD_hook(state, b) for b in buckets]:
+            f.wait()
+
+    for _ in range(3):  # past its plain all-reduce steps
+        step()
+    return step
+
+
+def torch_topk(ratio: float, buckets: list[Bucket]) -> Callable[[], None]:
+    """Top-K written plainly with torch.topk: select, then scatter back (no error feedback)."""
+    grads = [g for b in buckets for g in b.gradients() if g.ndim > 1]
+
+    def step() -> None:
+        for g in grads:
+            flat = g.reshape(-1)
+            k = max(1, math.floor(ratio * flat.numel()))
+            index = torch.topk(flat.abs(), k, sorted=False).indices
+            values = flat[index]
+            torch.zeros_like(flat).scatter_(0, index, values)
+
+    return step
+
+
+def time_interleaved(methods: dict[str, Callable[[], None]], buckets: list[Bucket],
+                     repeats: int) -> dict[str, float]:
+    """Median seconds per call of every method; each repeat runs all methods once."""
+    times: dict[str, list[float]] = {k: [] for k in methods}
+    for _ in range(repeats):
+        for key, fn in methods.items():
+            for b in buckets:
+                b.restore()
+            start = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# ---- 2-process DDP: none vs built-in ---------------------------------------------------------
+def _ddp_steps(rank: int, world: int, steps: int, batch: int) -> dict[str, float]:
+    runs = {}
+    for key in ("builtin", "none"):
+        torch.manual_seed(0)
+        model = models.build("resnet18", num_classes=10)
+        ddp = DDP(model)
+        if key == "none":
+            state = compression.HookState(compression.create("none"), model.named_parameters())
+            ddp.register_comm_hook(state, comm_hook)
+        runs[key] = (ddp, torch.optim.SGD(model.parameters(), lr=0.01))
+    gen = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(batch, 3, 32, 32, generator=gen), torch.randint(0, 10, (batch,),
+                                                                        generator=gen)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for step in range(steps + 2):
+        for key, (ddp, opt) in runs.items():
+            dist.barrier()
+            start = time.perf_counter()
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            if step >= 2:  # after DDP's bucket rebuild
+                times[key].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# ---- report ---------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--ddp-steps", type=int, default=12)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model, buckets = resnet18_buckets()
+
+    methods: dict[str, Callable[[], None]] = {"clone": clone_pass(buckets)}
+    rows: list[dict[str, Any]] = []
+
+    def add(key: str, method: str, level: str, peer: str | None, target: str) -> None:
+        rows.append({"key": key, "method": method, "level": level, "peer": peer,
+                     "target": target})
+
+    add("none", "ours none (fp32 all-reduce)", "-", None, "")
+    methods["none"] = ours("none", model, buckets)
+    for r in POWERSGD_RANKS:
+        methods[f"psgd{r}"] = ours("powersgd", model, buckets, rank=r)
+        methods[f"torch-psgd{r}"] = torch_powersgd(r, buckets)
+        add(f"psgd{r}", "ours powersgd", f"rank {r}", f"torch-psgd{r}", "<= 1.0x peer")
+        add(f"torch-psgd{r}", "PyTorch powerSGD_hook", f"rank {r}", None, "")
+    for ratio in TOPK_RATIOS:
+        methods[f"topk{ratio}"] = ours("topk", model, buckets, ratio=ratio)
+        methods[f"torch-topk{ratio}"] = torch_topk(ratio, buckets)
+        add(f"topk{ratio}", "ours topk", f"ratio {ratio}", f"torch-topk{ratio}", "<= 1.0x peer")
+        add(f"torch-topk{ratio}", "plain torch.topk Top-K", f"ratio {ratio}", None, "")
+    for conv, fc in ADACOMP_BINS:
+        for soft in (True, False):
+            key = f"adacomp{conv}/{fc}{'' if soft else '-hard'}"
+            methods[key] = ours("adacomp", model, buckets, conv_bin_size=conv,
+                                fc_bin_size=fc, soft_threshold=soft)
+            add(key, "ours adacomp" + ("" if soft else " (hard LS)"), f"L_T {conv}/{fc}", None,
+                "<= 3x clone" if soft else "")
+
+    time_interleaved(methods, buckets, repeats=2)  # warm-up: memories, allocator
+    median = time_interleaved(methods, buckets, args.repeats)
+    clone_s = median["clone"]
+    table = [{"method": "memory pass (clone)", "level": "-", "ms": clone_s * 1e3,
+              "x_clone": 1.0, "x_peer": "", "target": "", "met": ""}]
+    for row in rows:
+        s = median[row["key"]]
+        x_peer = s / median[row["peer"]] if row["peer"] else None
+        x_clone = s / clone_s
+        met = ""
+        if row["target"] == "<= 1.0x peer":
+            met = "yes" if x_peer <= 1.0 else "no"
+        elif row["target"] == "<= 3x clone":
+            met = "yes" if x_clone <= 3.0 else "no"
+        table.append({"method": row["method"], "level": row["level"], "ms": s * 1e3,
+                      "x_clone": x_clone, "x_peer": "" if x_peer is None else x_peer,
+                      "target": row["target"], "met": met})
+    dist.destroy_process_group()
+
+    ddp = run_ranks(_ddp_steps, 2, (args.ddp_steps, 16))[0]
+    ratio = ddp["none"] / ddp["builtin"]
+    table.append({"method": "DDP step, built-in all-reduce", "level": "2 proc", "ms":
+                  ddp["builtin"] * 1e3, "x_clone": "", "x_peer": "", "target": "", "met": ""})
+    table.append({"method": "DDP step, ours none hook", "level": "2 proc", "ms":
+                  ddp["none"] * 1e3, "x_clone": "", "x_peer": ratio, "target": "<= 1.05x peer",
+                  "met": "yes" if ratio <= 1.05 else "no"})
+    write(table, args.repeats)
+
+
+def write(table: list[dict[str, Any]], repeats: int) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    fmt = {"ms": "{:.2f}", "x_clone": "{:.2f}", "x_peer": "{:.2f}"}
+    cells = [{k: (fmt[k].format(v) if k in fmt and v != "" else v) for k, v in row.items()}
+             for row in table]
+    with open(OUT / "compressors.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(cells[0]))
+        writer.writeheader()
+        writer.writerows(cells)
+    header = ["method", "level", "ms / step", "x memory pass", "x peer", "target", "met"]
+    lines = [f"Compress + decompress per step, ResNet-18 gradients (11.2M), 1 worker, 1 thread; "
+             f"median of {repeats} interleaved repeats. DDP rows: step time, 2 processes.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row.values()) + " |" for row in cells]
+    (OUT / "compressors.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Pluggable collectives, and the driver that runs a compressor's steps on top of them.
+
+A compressor is written once, as a generator that *yields* the future of each collective it
+starts and receives that collective's result::
+
+    total = yield comm.all_reduce(p)          # sum over workers, in place
+    parts = yield comm.all_gather(message)    # (world_size * numel,) in rank order
+    parts = yield from all_gather_varlen(comm, message)
+
+:func:`drive` runs such a generator to completion and returns a future of its return value. The
+DDP hook hands it a :class:`GroupComm` (a real process group, asynchronous), and
+:func:`compression.simulate` one in-memory :class:`SimComm` per simulated worker, so the hook and
+the simulation run the same compressor code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any, Protocol, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.futures import Future
+
+T = TypeVar("T")
+Steps = Generator[Future, Any, T]
+
+
+class Comm(Protocol):
+    """The two collectives compressors use. Every worker must call them in the same order."""
+
+    world_size: int
+
+    def all_reduce(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
+        """Sum ``tensor`` over the workers, in place; the future's value is ``tensor``."""
+        ...
+
+    def all_gather(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
+        """Every worker's 1-D ``tensor`` (same length everywhere), concatenated in rank order."""
+        ...
+
+
+class GroupComm:
+    """Collectives over a real ``torch.distributed`` process group (asynchronous)."""
+
+    def __init__(self, group: ProcessGroup | None = None) -> None:
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+
+    def all_reduce(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    def all_gather(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
+        out = tensor.new_empty(self.world_size * tensor.numel())
+        work = dist.all_gather_single(out, tensor, group=self.group, async_op=True)
+        return work.get_future().then(lambda _: out)
+
+
+class _Exchange:
+    """Meeting point of simulated workers: the i-th collective of every worker is matched up."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.calls = [0] * world_size
+        self.open: dict[int, tuple[str, dict[int, torch.Tensor], dict[int, Future]]] = {}
+
+    def post(self, rank: int, op: str, tensor: torch.Tensor) -> Future[torch.Tensor]:
+        seq = self.calls[rank]
+        self.calls[rank] += 1
+        kind, inputs, futures = self.open.setdefault(seq, (op, {}, {}))
+        if kind != op or any(t.shape != tensor.shape for t in inputs.values()):
+            raise RuntimeError(f"simulated workers disagree on collective #{seq}: {kind} of "
+                               f"{[tuple(t.shape) for t in inputs.values()]} vs {op} of "
+                               f"{tuple(tensor.shape)}")
+        inputs[rank], futures[rank] = tensor, Future()
+        fut = futures[rank]
+        if len(inputs) == self.world_size:
+            del self.open[seq]  # completing may post the next collectives (callbacks run inline)
+            ordered = [inputs[r] for r in range(self.world_size)]
+            if op == "all_reduce":
+                total = torch.stack(ordered).sum(0)
+                for r in range(self.world_size):
+                    futures[r].set_result(inputs[r].copy_(total))
+            else:
+                gathered = torch.cat(ordered)
+                for r in range(self.world_size):
+                    futures[r].set_result(gathered.clone())
+        return fut
+
+
+class SimComm:
+    """One simulated worker's collectives, matched in memory with its peers' (no process group)."""
+
+    def __init__(self, exchange: _Exchange, rank: int) -> None:
+        self.exchange = exchange
+        self.rank = rank
+        self.world_size = exchange.world_size
+
+    @staticmethod
+    def group(world_size: int) -> list[SimComm]:
+        """One :class:`SimComm` per worker of a fresh simulated group."""
+        exchange = _Exchange(world_size)
+        return [SimComm(exchange, r) for r in range(world_size)]
+
+    def all_reduce(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
+        return self.exchange.post(self.rank, "all_reduce", tensor)
+
+    def all_gather(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
+        return self.exchange.post(self.rank, "all_gather", tensor)
+
+
+def all_gather_varlen(comm: Comm, message: torch.Tensor) -> Steps[list[torch.Tensor]]:
+    """Gather 1-D messages of different lengths: exchange the lengths, then one padded gather.
+
+    Returns every worker's message, in rank order. Costs one int32 per worker on top of the
+    longest message (times the world size).
+    """
+    size = torch.tensor([message.numel()], dtype=torch.int32)
+    sizes = (yield comm.all_gather(size)).tolist()
+    longest = max(sizes)
+    padded = message
+    if message.numel() < longest:
+        padded = torch.cat([message, message.new_zeros(longest - message.numel())])
+    gathered = yield comm.all_gather(padded)
+    return [gathered[w * longest:w * longest + n] for w, n in enumerate(sizes)]
+
+
+class Timer:
+    """Seconds spent inside a compressor's steps (compute only; waiting on the wire excluded)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+def drive(steps: Steps[T], timer: Timer | None = None) -> Future[T]:
+    """Run ``steps`` until it returns; the future completes with its return value.
+
+    Each yielded future resumes the generator when it completes (inline if it already has), so
+    nothing here blocks. An exception in a step or a failed collective fails the returned future.
+    """
+    done: Future[T] = Future()
+
+    def advance(ready: Future | None) -> None:
+        while True:
+            try:
+                value = None if ready is None else ready.value()
+            except BaseException as exc:  # noqa: BLE001 (a failed collective: fail `done`)
+                steps.close()
+                done.set_exception(exc)
+                return
+            start = time.perf_counter()
+            try:
+                ready = steps.send(value)
+            except StopIteration as stop:
+                _finish(done, timer, start, result=stop.value)
+                return
+            except BaseException as exc:  # noqa: BLE001 (handed to whoever waits on `done`)
+                _finish(done, timer, start, error=exc)
+                return
+            if timer is not None:
+                timer.seconds += time.perf_counter() - start
+            if not ready.done():
+                ready.add_done_callback(advance)
+                return
+
+    advance(None)
+    return done
+
+
+def _finish(done: Future, timer: Timer | None, start: float, result: Any = None,
+            error: BaseException | None = None) -> None:
+    # Stop the clock first: completing `done` may run the next bucket's steps inline.
+    if timer is not None:
+        timer.seconds += time.perf_counter() - start
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)

@@ -1,0 +1,388 @@
+"""Compressors on simulated workers (``compression.simulate``) against naive references.
+
+The references below are written from the papers' algorithms, element by element where that is
+clearer, in float64; the compressors run in float32, hence the tolerances.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+import compression
+from compression.powersgd import initial_q
+from compression.topk import SAMPLE, top_k_indices
+from engine.errors import ConfigError
+
+WORKERS = (1, 2, 3)
+SHAPES = ((6, 40), (8, 3, 3, 3), (50, 20), (30, 7))
+
+
+def random_steps(shape: tuple[int, ...], workers: int, steps: int, seed: int = 0
+                 ) -> list[list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(shape, generator=gen) for _ in range(workers)] for _ in range(steps)]
+
+
+def dense_mean(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([g.double() for g in grads]).mean(0)
+
+
+# ---- naive references ---------------------------------------------------------------------
+def ref_powersgd_step(grads: list[torch.Tensor], errors: list[torch.Tensor], q: torch.Tensor
+                      ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """One step of Vogels et al. Alg. 1 + 2, orthogonalizing with QR (float64)."""
+    n, m = errors[0].shape
+    ms = [g.double().reshape(n, m) + e for g, e in zip(grads, errors, strict=True)]
+    p, _ = torch.linalg.qr(sum(mat @ q for mat in ms))
+    q = sum(mat.T @ p for mat in ms) / len(ms)
+    out = p @ q.T
+    return out.reshape(grads[0].shape), [mat - out for mat in ms], q
+
+
+def ref_powersgd(steps: list[list[torch.Tensor]], rank: int, seed: int = 0) -> list[torch.Tensor]:
+    shape = steps[0][0].shape
+    n, m = shape[0], math.prod(shape[1:])
+    q = initial_q(seed, "layer", m, min(rank, n, m)).double()
+    errors = [torch.zeros(n, m, dtype=torch.float64) for _ in steps[0]]
+    outs = []
+    for grads in steps:
+        out, errors, q = ref_powersgd_step(grads, errors, q)
+        outs.append(out)
+    return outs
+
+
+def ref_topk(steps: list[list[torch.Tensor]], ratio: float) -> list[torch.Tensor]:
+    """Keep the k largest |g + e| per worker (a full sort), mean of the sparse tensors."""
+    errors = [torch.zeros(steps[0][0].numel(), dtype=torch.float64) for _ in steps[0]]
+    outs = []
+    for grads in steps:
+        sparse = []
+        for w, g in enumerate(grads):
+            acc = g.double().reshape(-1) + errors[w]
+            k = max(1, math.floor(ratio * acc.numel()))
+            keep = torch.argsort(acc.abs(), descending=True)[:k]
+            s = torch.zeros_like(acc)
+            s[keep] = acc[keep]
+            errors[w] = acc - s
+            sparse.append(s)
+        outs.append(torch.stack(sparse).mean(0).reshape(grads[0].shape))
+    return outs
+
+
+def ref_adacomp(steps: list[list[torch.Tensor]], bin_size: int, soft: bool = True
+                ) -> tuple[list[torch.Tensor], list[list[int]], list[torch.Tensor]]:
+    """Chen et al. Alg. 2, bin by bin, element by element (float64).
+
+    Returns the mean outputs, the paper's bits per worker per step, and the final residues.
+    """
+    n = steps[0][0].numel()
+    residues = [torch.zeros(n, dtype=torch.float64) for _ in steps[0]]
+    outs, bits = [], []
+    for grads in steps:
+        quantized, step_bits = [], []
+        for w, g in enumerate(grads):
+            dw = g.double().reshape(-1)
+            big_g = residues[w] + dw
+            h = big_g + dw
+            bins = [range(i, min(i + bin_size, n)) for i in range(0, n, bin_size)]
+            g_max = [max(abs(float(big_g[j])) for j in b) for b in bins]
+            s = sum(g_max) / len(g_max)
+            g_q = torch.zeros(n, dtype=torch.float64)
+            for b, gm in zip(bins, g_max, strict=True):
+                if soft:
+                    chosen = [j for j in b if abs(float(h[j])) >= gm]
+                else:
+                    chosen = [max(b, key=lambda j: abs(float(big_g[j])))]
+                for j in chosen:
+                    g_q[j] = math.copysign(s, float(big_g[j])) if big_g[j] != 0 else 0.0
+            residues[w] = big_g - g_q
+            sent = int((g_q != 0).sum())
+            step_bits.append(sent * (8 if bin_size < 64 else 16) + 32)
+            quantized.append(g_q)
+        outs.append(torch.stack(quantized).mean(0).reshape(grads[0].shape))
+        bits.append(step_bits)
+    return outs, bits, residues
+
+
+def assert_outputs(got: list[tuple[torch.Tensor, list[int]]], want: list[torch.Tensor],
+                   atol: float = 1e-5) -> None:
+    assert len(got) == len(want)
+    for (out, _), ref in zip(got, want, strict=True):
+        torch.testing.assert_close(out.double(), ref, atol=atol, rtol=1e-4)
+
+
+# ---- each compressor against its reference --------------------------------------------------
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_powersgd_matches_reference(workers: int, shape: tuple[int, ...], rank: int) -> None:
+    steps = random_steps(shape, workers, steps=5)
+    got = compression.simulate("powersgd", steps, rank=rank)
+    assert_outputs(got, ref_powersgd(steps, rank), atol=1e-4)
+    n, m = shape[0], math.prod(shape[1:])
+    r = min(rank, n, m)
+    assert {b for _, bits in got for b in bits} == {32 * (n + m) * r}
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("ratio", [1.0, 0.5, 0.1, 0.01])
+def test_topk_matches_reference(workers: int, shape: tuple[int, ...], ratio: float) -> None:
+    steps = random_steps(shape, workers, steps=5)
+    got = compression.simulate("topk", steps, ratio=ratio)
+    assert_outputs(got, ref_topk(steps, ratio))
+    k = max(1, math.floor(ratio * math.prod(shape)))
+    assert {b for _, bits in got for b in bits} == {64 * k}
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("bin_size", "soft"), [(7, True), (50, True), (64, True), (7, False),
+                                                (1000, False)])
+def test_adacomp_matches_reference(workers: int, shape: tuple[int, ...], bin_size: int,
+                                   soft: bool) -> None:
+    steps = random_steps(shape, workers, steps=5)
+    got = compression.simulate("adacomp", steps, conv_bin_size=bin_size, fc_bin_size=bin_size,
+                               soft_threshold=soft)
+    outs, bits, _ = ref_adacomp(steps, bin_size, soft)
+    assert_outputs(got, outs)
+    assert [b for _, b in got] == bits
+
+
+def test_adacomp_bin_size_by_layer_kind() -> None:
+    conv = compression.Simulation("adacomp", 1, (4, 2, 3, 3), conv_bin_size=5, fc_bin_size=9)
+    fc = compression.Simulation("adacomp", 1, (4, 18), conv_bin_size=5, fc_bin_size=9)
+    assert (conv.layers[0].level, fc.layers[0].level) == (5, 9)
+    steps = random_steps((4, 18), 2, steps=3)
+    got = compression.simulate("adacomp", steps, conv_bin_size=5, fc_bin_size=9)
+    assert_outputs(got, ref_adacomp(steps, 9)[0])
+
+
+# ---- limits: no compression at the top level ------------------------------------------------
+@pytest.mark.parametrize("shape", [(6, 40), (40, 6), (5, 2, 2, 2)])
+def test_powersgd_full_rank_is_dense_mean(shape: tuple[int, ...]) -> None:
+    steps = random_steps(shape, 3, steps=4)
+    got = compression.simulate("powersgd", steps, rank=min(shape[0], math.prod(shape[1:])))
+    assert_outputs(got, [dense_mean(g) for g in steps], atol=1e-6)
+
+
+def test_powersgd_exact_on_low_rank_gradients() -> None:
+    # Rank-2 gradients on every worker: the rank-2 compression (which does compress a 30 x 40
+    # matrix) must return the exact mean from the first step on.
+    gen = torch.Generator().manual_seed(1)
+    u, v = torch.randn(30, 2, generator=gen), torch.randn(2, 40, generator=gen)
+    steps = [[u @ (torch.randn(2, 2, generator=gen) @ v) for _ in range(2)] for _ in range(3)]
+    got = compression.simulate("powersgd", steps, rank=2)
+    assert got[0][1] == [32 * 70 * 2] * 2
+    assert_outputs(got, [dense_mean(g) for g in steps], atol=1e-5)
+
+
+def test_topk_full_ratio_is_dense_mean() -> None:
+    steps = random_steps((12, 5, 3, 3), 3, steps=4)
+    assert_outputs(compression.simulate("topk", steps, ratio=1.0),
+                   [dense_mean(g) for g in steps], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["none", "powersgd", "topk", "adacomp"])
+def test_vectors_go_dense(name: str) -> None:
+    steps = random_steps((17,), 2, steps=2)
+    got = compression.simulate(name, steps)
+    assert_outputs(got, [dense_mean(g) for g in steps], atol=1e-6)
+    assert [b for _, b in got] == [[32 * 17] * 2] * 2
+
+
+# ---- error feedback ---------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "params", "key"), [
+    ("powersgd", {"rank": 1}, "error"),
+    ("topk", {"ratio": 0.05}, "error"),
+    ("adacomp", {"fc_bin_size": 20}, "residue"),
+    ("adacomp", {"fc_bin_size": 20, "soft_threshold": False}, "residue"),
+])
+def test_error_feedback_conserves_the_gradient(name: str, params: dict, key: str) -> None:
+    # sum_t out_t + mean_w memory_w = sum_t mean_w g_w,t: nothing is lost, only delayed.
+    shape, workers = (24, 30), 3
+    sim = compression.Simulation(name, workers, shape, **params)
+    steps = random_steps(shape, workers, steps=8, seed=3)
+    sent = torch.zeros(shape, dtype=torch.float64)
+    for grads in steps:
+        sent += sim.step(grads)[0].double()
+    memory = torch.stack([layer.memory[key].double().reshape(-1)[:math.prod(shape)]
+                          for layer in sim.layers]).mean(0).reshape(shape)
+    total = sum(dense_mean(grads) for grads in steps)
+    torch.testing.assert_close(sent + memory, total, atol=1e-4, rtol=0)
+    assert memory.abs().max() > 1e-2  # the memory really holds something
+
+
+# ---- Top-K selection on large tensors ----------------------------------------------------
+@pytest.mark.parametrize("ratio", [0.99, 0.25, 0.1, 0.02, 1e-5])
+@pytest.mark.parametrize("kind", ["normal", "ties", "sample-too-high", "sample-too-low"])
+def test_top_k_indices_is_exact(ratio: float, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 6 * SAMPLE + 123
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, generator=gen).abs()
+    if kind == "ties":
+        a[a < 1.0] = 0.0                          # many exact zeros
+        a[::7] = 0.5                              # and many equal values
+    elif kind.startswith("sample"):               # a sample that brackets the wrong values
+        order = a.argsort(descending=kind == "sample-too-high")
+        monkeypatch.setattr(torch, "randint", lambda *args, **kwargs: order[:SAMPLE])
+    k = max(1, math.floor(ratio * n))
+    got = top_k_indices(a, k)
+    assert got.numel() == k and got.unique().numel() == k
+    want = torch.topk(a, k).values
+    torch.testing.assert_close(a[got].sort(descending=True).values, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("ratio", [0.99, 0.25, 0.02])
+def test_topk_large_layer_matches_reference(ratio: float) -> None:
+    steps = random_steps((300, 400), 2, steps=3)
+    assert_outputs(compression.simulate("topk", steps, ratio=ratio), ref_topk(steps, ratio))
+
+
+# ---- levels ---------------------------------------------------------------------------------
+def test_set_level_changes_bits() -> None:
+    shape, (n, m) = (20, 3, 2, 2), (20, 12)
+    grads = random_steps(shape, 2, steps=1)[0]
+    psgd = compression.Simulation("powersgd", 2, shape, rank=1)
+    topk = compression.Simulation("topk", 2, shape, ratio=0.5)
+    ada = compression.Simulation("adacomp", 2, shape, conv_bin_size=100)
+    before = [s.step(grads)[1][0] for s in (psgd, topk, ada)]
+    for sim, level in ((psgd, 3), (topk, 0.25), (ada, 10)):
+        sim.set_level(level)
+    after = [s.step(grads)[1][0] for s in (psgd, topk, ada)]
+    assert before[:2] == [32 * (n + m) * 1, 64 * 120] and after[:2] == [32 * (n + m) * 3, 64 * 60]
+    # 16-bit encoding for L_T >= 64, 8-bit below; smaller bins send more elements.
+    assert (before[2] - 32) % 16 == 0 and after[2] > before[2] // 2
+
+
+@pytest.mark.parametrize("new_rank", [1, 3])
+def test_powersgd_rank_change_keeps_warm_start(new_rank: int) -> None:
+    # Down: P = M Q[:, :r] with the warm Q. Up: the warm columns, then the layer's initial ones.
+    shape, seed = (30, 40), 5
+    sim = compression.Simulation("powersgd", 2, shape, rank=2, seed=seed)
+    steps = random_steps(shape, 2, steps=3)
+    sim.step(steps[0])
+    sim.step(steps[1])
+    warm = sim.layers[0].memory["q"].double()
+    errors = [layer.memory["error"].double() for layer in sim.layers]
+    sim.set_level(new_rank)
+    got = sim.step(steps[2])[0]
+    q = torch.cat([warm, initial_q(seed, "layer", 40, 3)[:, 2:].double()], 1)[:, :new_rank]
+    want = ref_powersgd_step(steps[2], errors, q)[0]
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
+    assert sim.layers[0].memory["q"].shape == (40, new_rank)
+    # Restarting Q from random (the authors' code) would give another result.
+    restart = ref_powersgd_step(steps[2], errors, initial_q(seed + 1, "x", 40, new_rank).double())
+    assert not torch.allclose(got.double(), restart[0], atol=1e-3)
+
+
+def test_initial_q_columns_do_not_depend_on_rank() -> None:
+    assert initial_q(5, "layer", 40, 3)[:, :2].equal(initial_q(5, "layer", 40, 2))
+    assert not initial_q(5, "layer", 40, 2).equal(initial_q(5, "other", 40, 2))
+
+
+def test_powersgd_pointless_layer_goes_dense_and_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    steps = random_steps((3, 5), 2, steps=3)
+    with caplog.at_level(logging.INFO, logger="compression.powersgd"):
+        got = compression.simulate("powersgd", steps, rank=2)  # (3 + 5) 2 >= 15
+    assert_outputs(got, [dense_mean(g) for g in steps], atol=1e-6)
+    assert [b for _, b in got] == [[32 * 15] * 2] * 3
+    assert len([r for r in caplog.records if "uncompressed" in r.getMessage()]) == 1
+
+
+# ---- bad input ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "params", "field"), [
+    ("powersgd", {"rank": 0}, "compressor.rank"),
+    ("powersgd", {"rank": 1.5}, "compressor.rank"),
+    ("powersgd", {"rank": True}, "compressor.rank"),
+    ("topk", {"ratio": 0}, "compressor.ratio"),
+    ("topk", {"ratio": 1.01}, "compressor.ratio"),
+    ("topk", {"ratio": -0.5}, "compressor.ratio"),
+    ("adacomp", {"conv_bin_size": 0}, "compressor.conv_bin_size"),
+    ("adacomp", {"fc_bin_size": -3}, "compressor.fc_bin_size"),
+    ("adacomp", {"soft_threshold": "yes"}, "compressor.soft_threshold"),
+    ("topk", {"rank": 2}, "compressor.rank"),
+    ("qsgd", {}, "compressor.name"),
+])
+def test_bad_config_names_the_field(name: str, params: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{field}: "):
+        compression.create(name, **params)
+    with pytest.raises(ConfigError, match=f"^{field}: "):
+        compression.simulate(name, random_steps((4, 5), 1, steps=1), **params)
+
+
+def test_bad_config_says_the_allowed_range() -> None:
+    with pytest.raises(ConfigError, match=r"integer >= 1, got 0"):
+        compression.create("powersgd", rank=0)
+    with pytest.raises(ConfigError, match=r"in \(0, 1\], got 2"):
+        compression.create("topk", ratio=2)
+
+
+@pytest.mark.parametrize(("name", "level"), [("powersgd", 0), ("topk", 0.0), ("topk", 1.5),
+                                             ("adacomp", 0), ("none", 1)])
+def test_validate_level(name: str, level: float) -> None:
+    with pytest.raises(ConfigError, match="^scheduler.low: "):
+        compression.create(name).validate_level(level, "scheduler.low")
+
+
+def test_levels_are_plain_numbers() -> None:
+    assert type(compression.create("topk").validate_level(1)) is float
+    assert type(compression.create("powersgd").validate_level(4)) is int
+
+
+def test_build_compressor_reads_the_config_node() -> None:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"seed": 7, "compressor": {"name": "powersgd", "rank": 4,
+                                                        "seed": "${seed}"}})
+    c = compression.build_compressor(cfg.compressor)
+    assert (c.rank, c.seed) == (4, 7)
+    with pytest.raises(ConfigError, match="^compressor.rank: "):
+        compression.build_compressor(OmegaConf.create({"name": "powersgd", "rank": 0}))
+
+
+def test_simulate_rejects_ragged_steps() -> None:
+    with pytest.raises(ValueError, match="^steps: "):
+        compression.simulate("topk", [])
+    with pytest.raises(ValueError, match="^steps: "):
+        compression.simulate("topk", [[torch.ones(3, 4)], [torch.ones(3, 5)]])
+    with pytest.raises(ValueError, match="^steps: "):
+        compression.simulate("topk", [[torch.ones(3, 4)], [torch.ones(3, 4)] * 2])
+
+
+# ---- the AdaComp paper's claim, scaled down -------------------------------------------------
+def adacomp_descent(soft: bool, steps: int = 300) -> tuple[list[float], list[float]]:
+    """Gradient descent on a quadratic through AdaComp with L_T = 5000: two workers, each with
+    the full gradient plus a little noise of its own (a mini-batch); returns the largest
+    |residue| and the loss after every step."""
+    shape, lr, noise = (20, 1000), 0.1, 0.003
+    gen = torch.Generator().manual_seed(0)
+    curvature = torch.rand(shape, generator=gen) + 0.1
+    optimum = torch.randn(shape, generator=gen)
+    w = torch.zeros(shape)
+    sim = compression.Simulation("adacomp", 2, shape, fc_bin_size=5000, soft_threshold=soft)
+    residues, losses = [], []
+    for _ in range(steps):
+        grads = [curvature * (w - optimum) + noise * torch.randn(shape, generator=gen)
+                 for _ in range(2)]
+        w -= lr * sim.step(grads)[0]
+        residues.append(max(float(layer.memory["residue"].abs().max()) for layer in sim.layers))
+        losses.append(float((curvature * (w - optimum) ** 2).mean()) / 2)
+    return residues, losses
+
+
+def test_adacomp_soft_threshold_bounds_residues() -> None:
+    # Chen et al. Figs. 4-6: with the soft threshold the residues stay bounded even at
+    # L_T = 5000; hard Local Selection (one element per bin) lets them grow without bound
+    # (positive feedback through the scale s), and training diverges.
+    soft_res, soft_loss = adacomp_descent(soft=True)
+    hard_res, hard_loss = adacomp_descent(soft=False)
+    assert max(soft_res[150:]) <= 1.5 * max(soft_res[:50])
+    assert soft_loss[-1] < soft_loss[0] / 10
+    assert hard_res[-1] > 3 * hard_res[100] and hard_res[-1] > 50 * max(soft_res)
+    assert hard_loss[-1] > 5 * hard_loss[0]
