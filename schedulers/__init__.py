@@ -14,7 +14,7 @@ from engine.errors import ConfigError
 from schedulers.base import Scheduler
 
 _REGISTRY: dict[str, type[Scheduler]] = {}
-_MODULES = ("static",)
+_MODULES = ("static", "accordion", "accordion_batch", "accordion_joint")
 
 
 def register(name: str) -> Callable[[type[Scheduler]], type[Scheduler]]:

@@ -1,0 +1,1 @@
+"""Analyses of finished runs (their ``metrics.jsonl``, config and checkpoint), no retraining."""
