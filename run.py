@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import random
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -51,13 +52,16 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: validate, then train (exit status 2 on bad input)."""
     env = distributed.detect()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    # Slurm preemption and `kill` send SIGTERM: end through SystemExit, so that the summary
+    # records how the run ended; the last epoch's checkpoint is there to resume from.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         config.validate(cfg, env.world_size, run_dir)
         bundle = data.build(cfg.dataset)
-    except ConfigError as exc:
+        train(cfg, env, run_dir, bundle)
+    except ConfigError as exc:  # before the group starts, or found by the data or a checkpoint
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    train(cfg, env, run_dir, bundle)
 
 
 def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle
@@ -96,67 +100,49 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
 
     amp = bool(t.amp) and device.type == "cuda"
     status, started = "running", time.perf_counter() - elapsed_s
-    for epoch in range(start_epoch, t.epochs):
-        row: dict[str, Any] = {"epoch": epoch}
-        row.update(scheduler.start_epoch(epoch, hook))  # per-layer levels of this epoch
-        batch_size = scheduler.batch_size(epoch, t.batch_size)
-        task.set_batch_size(batch_size)
-        lr = lr_at(o, epoch) * scheduler.lr_scale(epoch)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        row.update({"lr": lr, "batch_size": batch_size})
-        hook.reset_epoch()
+    try:
+        for epoch in range(start_epoch, t.epochs):
+            row: dict[str, Any] = {"epoch": epoch}
+            row.update(scheduler.start_epoch(epoch, hook))  # per-layer levels of this epoch
+            batch_size = scheduler.batch_size(epoch, t.batch_size)
+            task.set_batch_size(batch_size)
+            lr = lr_at(o, epoch) * scheduler.lr_scale(epoch)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            row.update({"lr": lr, "batch_size": batch_size})
+            hook.reset_epoch()
 
-        # ---- train one epoch --------------------------------------------------------------
-        epoch_start = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        samples, steps = 0, task.steps_per_epoch()
-        bar = tqdm(total=steps, desc=f"epoch {epoch}", leave=False, disable=not _show_bar(t, env))
-        for step, batch in enumerate(task.batches(epoch)):
-            optimizer.zero_grad(set_to_none=True)
-            micro_batches = task.split(batch, t.micro_batch_size)
-            n = task.size(batch)
-            for i, micro in enumerate(micro_batches):
-                # Gradient accumulation: only the last micro-batch's backward communicates.
-                last = i == len(micro_batches) - 1
-                with ddp.no_sync() if not last else nullcontext():
-                    with torch.autocast(device.type, torch.bfloat16, enabled=amp):
-                        loss, m = task.loss(ddp, micro)
-                        loss = loss * (m / n)
-                    loss.backward()  # on the last micro-batch the comm hook aggregates here
-                loss_sum += loss.detach().double()
-            if t.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), float(t.grad_clip))
-            optimizer.step()
-            samples += n
-            if not bar.disable and (step % 10 == 0 or step == steps - 1):
-                rate = samples * env.world_size / (time.perf_counter() - epoch_start)
-                bar.set_postfix(loss=f"{loss_sum.item() / (step + 1):.3f}", samples_s=f"{rate:.0f}")
-            bar.update()
-        bar.close()
-        dist.all_reduce(loss_sum)
-        epoch_s = time.perf_counter() - epoch_start
+            # ---- train one epoch: the comm hook aggregates (and compresses) in backward ----
+            epoch_start = time.perf_counter()
+            row["train/loss"], samples = _train_epoch(epoch, task, ddp, optimizer, t, env, amp)
+            epoch_s = time.perf_counter() - epoch_start
 
-        # ---- evaluate, record -------------------------------------------------------------
-        _sync_buffers(model)
-        row["train/loss"] = loss_sum.item() / (steps * env.world_size)
-        row.update(task.evaluate(model))
-        row.update(hook.epoch_stats())
-        row["time/epoch_s"] = epoch_s
-        row["samples_per_s"] = samples * env.world_size / epoch_s
-        norms = _from_rank0(hook.grad_norms())  # every rank decides on rank 0's statistic
-        row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
-        if log is not None:
-            log.write(row)
-            _report(row, task.metric)
-        logger.log(row, step=epoch)
-        _save(run_dir / record.CHECKPOINT, cfg, env, epoch + 1, time.perf_counter() - started,
-              model, optimizer, hook, scheduler)
-        if not math.isfinite(row["train/loss"]):
-            status = "diverged"
-            break
-    else:
-        status = "completed"
+            # ---- evaluate, record -------------------------------------------------------------
+            _sync_buffers(model)
+            row.update(task.evaluate(model))
+            row.update(hook.epoch_stats())
+            row["time/epoch_s"] = epoch_s
+            row["samples_per_s"] = samples * env.world_size / epoch_s
+            norms = _from_rank0(hook.grad_norms())  # every rank decides on rank 0's statistic
+            row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
+            if log is not None:
+                log.write(row)
+                _report(row, task.metric)
+            logger.log(row, step=epoch)
+            _save(run_dir / record.CHECKPOINT, cfg, env, epoch + 1, time.perf_counter() - started,
+                  model, optimizer, hook, scheduler)
+            if not math.isfinite(row["train/loss"]):
+                status = "diverged"
+                break
+        else:
+            status = "completed"
+    except BaseException as exc:
+        if log is not None:  # the record says how the run ended, whatever ended it
+            record.write_summary(run_dir, record.summarize(
+                log.rows, f"failed: {type(exc).__name__}: {exc}", task.metric,
+                time.perf_counter() - started))
+        logger.finish(exit_code=1)
+        raise
 
     rows = log.rows if log is not None else []
     summary = record.summarize(rows, status, task.metric, time.perf_counter() - started)
@@ -171,6 +157,42 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimizer, t: Any,
+                 env: distributed.DistEnv, amp: bool) -> tuple[float, int]:
+    """One epoch of optimizer steps; returns (mean train loss over all ranks, this rank's samples).
+
+    A batch larger than ``trainer.micro_batch_size`` is split and its gradients accumulated
+    under ``no_sync``: only the last micro-batch's backward runs the comm hook.
+    """
+    device = next(ddp.parameters()).device
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    samples, steps = 0, task.steps_per_epoch()
+    bar = tqdm(total=steps, desc=f"epoch {epoch}", leave=False, disable=not _show_bar(t, env))
+    for step, batch in enumerate(task.batches(epoch)):
+        optimizer.zero_grad(set_to_none=True)
+        micro_batches = task.split(batch, t.micro_batch_size)
+        n = task.size(batch)
+        for i, micro in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            with ddp.no_sync() if not last else nullcontext():
+                with torch.autocast(device.type, torch.bfloat16, enabled=amp):
+                    loss, m = task.loss(ddp, micro)
+                    loss = loss * (m / n)
+                loss.backward()
+            loss_sum += loss.detach().double()
+        if t.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(ddp.module.parameters(), float(t.grad_clip))
+        optimizer.step()
+        samples += n
+        if not bar.disable and (step % 10 == 0 or step == steps - 1):
+            rate = samples * env.world_size / bar.format_dict["elapsed"]
+            bar.set_postfix(loss=f"{loss_sum.item() / (step + 1):.3f}", samples_s=f"{rate:.0f}")
+        bar.update()
+    bar.close()
+    dist.all_reduce(loss_sum)
+    return loss_sum.item() / (steps * env.world_size), samples
+
+
 def _report(row: dict[str, Any], metric: str) -> None:
     """One log line per epoch (console and the run's run.log)."""
     LOG.info("epoch %d  lr %.4g  train/loss %.4f  %s %.4g  comm %.3g Gbit (%.1f%% of fp32)  %.1fs",

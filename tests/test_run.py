@@ -136,3 +136,41 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     mb = torch.load(tmp_path / "acc" / "checkpoint.pt", weights_only=False)["model"]
     for key in ma:
         torch.testing.assert_close(ma[key], mb[key], rtol=1e-4, atol=1e-6)
+
+
+def test_divergence_is_recorded_and_stops_the_run(tmp_path):
+    _ok(run_cli([*TINY, "trainer.epochs=3", "optimizer.lr=1e30", f"hydra.run.dir={tmp_path}"]))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    assert summary["epochs_completed"] == len(read_rows(tmp_path)) < 3
+
+
+@pytest.mark.slow
+def test_sigterm_records_the_failure_and_the_run_resumes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    args = [sys.executable, "run.py", *TINY, "trainer.epochs=50", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "checkpoint.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"].startswith("failed: SystemExit")
+    done = len(read_rows(tmp_path))
+    assert 1 <= done == summary["epochs_completed"]
+    _ok(run_cli([*TINY, f"trainer.epochs={done + 1}", "resume=true",
+                 f"hydra.run.dir={tmp_path}"]))
+    assert [r["epoch"] for r in read_rows(tmp_path)] == list(range(done + 1))
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
