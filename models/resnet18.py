@@ -8,6 +8,8 @@ global average pooling and one linear layer. 11,173,962 parameters for 10 classe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -39,17 +41,21 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """ResNet-18 with a 3x3 stem for small images."""
+    """ResNet-18 with a 3x3 stem for small images.
 
-    def __init__(self, num_classes: int = 10, width: int = 64, in_channels: int = 3) -> None:
+    ``block(in_planes, planes, stride)`` builds each of the 8 residual blocks (BasicBlock here;
+    SE-ResNet-18 passes its pre-activation squeeze-excitation block).
+    """
+
+    def __init__(self, num_classes: int = 10, width: int = 64, in_channels: int = 3,
+                 block: Callable[[int, int, int], nn.Module] = BasicBlock) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, width, 3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         stages, in_planes = [], width
         for i, stride in enumerate((1, 2, 2, 2)):
             planes = width * 2**i
-            stages.append(nn.Sequential(BasicBlock(in_planes, planes, stride),
-                                        BasicBlock(planes, planes, 1)))
+            stages.append(nn.Sequential(block(in_planes, planes, stride), block(planes, planes, 1)))
             in_planes = planes
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.linear = nn.Linear(in_planes, num_classes)

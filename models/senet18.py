@@ -11,11 +11,14 @@ pre-activated input when the shape changes. 11,260,354 parameters for 10 classes
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from models import register
+from models.resnet18 import ResNet18
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
 
@@ -56,30 +59,8 @@ class PreActSEBlock(nn.Module):
         return self.se(out) + skip
 
 
-class SENet18(nn.Module):
-    """SE-ResNet-18 with a 3x3 stem for small images."""
-
-    def __init__(self, num_classes: int = 10, reduction: int = 16, in_channels: int = 3) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        stages, in_planes = [], 64
-        for i, stride in enumerate((1, 2, 2, 2)):
-            planes = 64 * 2**i
-            stages.append(nn.Sequential(PreActSEBlock(in_planes, planes, stride, reduction),
-                                        PreActSEBlock(planes, planes, 1, reduction)))
-            in_planes = planes
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.linear = nn.Linear(in_planes, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
-        out = F.adaptive_avg_pool2d(out, 1).flatten(1)
-        return self.linear(out)
-
-
 @register("senet18")
 def senet18(num_classes: int = 10, reduction: int = 16, in_channels: int = 3) -> nn.Module:
     """Pre-activation SE-ResNet-18, CIFAR variant (SE reduction ``reduction``)."""
-    return SENet18(num_classes=num_classes, reduction=reduction, in_channels=in_channels)
+    block = partial(PreActSEBlock, reduction=reduction)
+    return ResNet18(num_classes=num_classes, in_channels=in_channels, block=block)
