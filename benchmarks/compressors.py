@@ -126,8 +126,10 @@ def torch_powersgd(rank: int, buckets: list[Bucket]) -> Callable[[], None]:
         orthogonalization_epsilon=1e-8)
 
     def step() -> None:
-        for f in [torch_psgd.powerSGD_hook(state, b) for b in buckets]:
-            f.wait()
+        # One bucket at a time: its callbacks wait on collectives, and with several buckets in
+        # flight on gloo that can deadlock (seen here). On one worker this costs it nothing.
+        for b in buckets:
+            torch_psgd.powerSGD_hook(state, b).wait()
 
     for _ in range(3):  # past its plain all-reduce steps
         step()

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from compression import _adacomp_kernel as _kernel
 from compression import register
 from compression.base import Compressor, Layer, Scratch, Sent, check_bool, check_int
 from compression.comm import Comm, Steps, all_gather_varlen
@@ -84,11 +85,17 @@ class AdaComp(Compressor):
         starts = (2 * n_layers + all_counts.cumsum(1) - all_counts).tolist()
         count_list = all_counts.tolist()
         for j, layer in enumerate(layers):
+            out = layer.grad.view(-1)
+            lib = _kernel.kernel() if _kernel.usable(out) else None
+            if lib is not None:                     # out = sum_w sign s_w / W, in one pass
+                _kernel.decompress(lib, out, [p[starts[w][j]:] for w, p in enumerate(parts)],
+                                   all_counts[:, j], all_scales[:, j])
+                continue
+            out.zero_()
             received = torch.cat([parts[w][starts[w][j]:starts[w][j] + count_list[w][j]]
                                   for w in range(world)])
             scale = torch.repeat_interleave(all_scales[:, j], all_counts[:, j])
             values = received.sign().to(layer.grad.dtype) * scale   # G_q / W of each worker
-            out = layer.grad.view(-1).zero_()
             out.index_add_(0, received.abs() - 1, values)           # (1/W) sum_w G_q,w
 
         longest = max(p.numel() for p in parts)
@@ -99,11 +106,33 @@ class AdaComp(Compressor):
         return sent
 
     def _select(self, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
-        """Update the layer's residue; return the sent elements (signed index + 1) and s."""
+        """Update the layer's residue; return the sent elements (signed index + 1) and s.
+
+        On contiguous float32 CPU tensors the C kernel does it (:mod:`compression.
+        _adacomp_kernel`); elsewhere, or without a C compiler, the eager torch ops below do,
+        with bit-identical results.
+        """
         grad = layer.grad.view(-1)
         n, bin_size = grad.numel(), layer.level
         bins = math.ceil(n / bin_size)
         g = self._residue(layer, bins * bin_size)   # padded with zeros to whole bins
+        lib = _kernel.kernel() if _kernel.usable(g, grad) else None
+        if lib is None:
+            return self._select_eager(g, grad, bins, bin_size)
+        g_max = grad.new_empty(bins)
+        lib.adacomp_max(g.data_ptr(), grad.data_ptr(), n, bin_size, g_max.data_ptr())  # g_max(i)
+        scale = g_max.mean()                        # s = mean_i g_max(i), as the eager path
+        sent = self._scratch.take("sent", n, grad, torch.int32)
+        # G = residue + dW, the sent elements' signed indices, residue = G - G_q
+        count = lib.adacomp_select(g.data_ptr(), grad.data_ptr(), n, bin_size,
+                                   int(self.soft_threshold), g_max.data_ptr(), scale.item(),
+                                   sent.data_ptr())
+        return sent[:count].clone(), scale
+
+    def _select_eager(self, g: torch.Tensor, grad: torch.Tensor, bins: int, bin_size: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_select` in torch ops (any device): ``g`` is the padded residue."""
+        n = grad.numel()
         g[:n] += grad                               # G = residue + dW
         abs_g = torch.abs(g, out=self._scratch.take("h", g.numel(), g)).view(bins, bin_size)
         g_max = abs_g.amax(dim=1)                   # g_max(i) = max_{j in bin i} |G(j)|

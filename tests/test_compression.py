@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 import compression
+from compression import _adacomp_kernel as adacomp_kernel
+from compression.adacomp import AdaComp
+from compression.base import Layer
 from compression.powersgd import initial_q
 from compression.topk import SAMPLE, top_k_indices
 from engine.errors import ConfigError
@@ -160,6 +164,115 @@ def test_adacomp_bin_size_by_layer_kind() -> None:
     steps = random_steps((4, 18), 2, steps=3)
     got = compression.simulate("adacomp", steps, conv_bin_size=5, fc_bin_size=9)
     assert_outputs(got, ref_adacomp(steps, 9)[0])
+
+
+# ---- AdaComp's C kernel: bit-identical to the eager torch path -----------------------------
+def adacomp_grads(shape: tuple[int, ...], workers: int, steps: int, bin_size: int
+                  ) -> list[list[torch.Tensor]]:
+    """Gradients with the awkward cases: ties (small integers, so |H| = g_max often), exact
+    zeros and -0.0, a whole bin of zeros, and plain random values."""
+    grads = random_steps(shape, workers, steps, seed=11)
+    for t, step in enumerate(grads):
+        for g in step:
+            flat = g.view(-1)
+            if t % 2 == 0:                                  # ties, and many exact zeros
+                flat.copy_(flat.mul(2).round())
+            flat[bin_size:2 * bin_size] = 0.0               # the second bin: all zeros
+            flat[bin_size::3] = -0.0
+    return grads
+
+
+def eager_adacomp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make AdaComp use its eager torch path (as on CUDA or without a C compiler)."""
+    monkeypatch.setattr(adacomp_kernel, "kernel", lambda: None)
+
+
+def bits_of(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.int32)
+
+
+@pytest.mark.parametrize(("shape", "bin_size"), [
+    ((7, 13), 5), ((50, 20), 50), ((64, 3, 3, 3), 50), ((300, 41), 500), ((10, 10), 1),
+    ((10, 10), 1000), ((120, 301), 5000)])
+@pytest.mark.parametrize("soft", [True, False])
+def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_size: int,
+                                                  soft: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if adacomp_kernel.kernel() is None:
+        pytest.skip("no C compiler: AdaComp runs its eager path only")
+    grads = adacomp_grads(shape, 1, steps=6, bin_size=bin_size)
+    compressor = AdaComp(soft_threshold=soft)
+
+    def run() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        layer = Layer("layer", torch.Size(shape), bin_size)
+        layer.memory["residue"] = torch.zeros(math.ceil(math.prod(shape) / bin_size) * bin_size)
+        out = []
+        for (g,) in grads:
+            layer.grad = g.clone()
+            layer.memory["residue"][1] = 100.0            # G = 0, |H| = 100 >= g_max: not sent
+            layer.grad.view(-1)[1] = -100.0
+            signed, scale = compressor._select(layer)
+            out.append((signed, scale, layer.memory["residue"].clone()))
+        return out
+
+    fused = run()
+    eager_adacomp(monkeypatch)
+    for (signed, scale, residue), (signed_e, scale_e, residue_e) in zip(fused, run(),
+                                                                        strict=True):
+        assert signed.dtype == signed_e.dtype == torch.int32
+        assert torch.equal(signed, signed_e)
+        assert 2 not in signed.abs()                      # the G = 0 element
+        assert torch.equal(bits_of(scale), bits_of(scale_e))
+        assert torch.equal(bits_of(residue), bits_of(residue_e))
+
+
+@pytest.mark.parametrize(("shape", "bin_size", "soft"), [((30, 7), 4, True), ((6, 40), 50, True),
+                                                         ((50, 20), 7, False)])
+def test_adacomp_kernel_aggregate_is_bitwise_the_eager_path(
+        shape: tuple[int, ...], bin_size: int, soft: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three workers: the received elements are summed in the same order as index_add_ does.
+    if adacomp_kernel.kernel() is None:
+        pytest.skip("no C compiler: AdaComp runs its eager path only")
+    steps = adacomp_grads(shape, 3, steps=5, bin_size=bin_size)
+    params = {"fc_bin_size": bin_size, "soft_threshold": soft}
+
+    def run() -> tuple[list[tuple[torch.Tensor, list[int]]], list[torch.Tensor]]:
+        sim = compression.Simulation("adacomp", 3, shape, **params)
+        outs = [sim.step(grads) for grads in steps]
+        return outs, [layer.memory["residue"] for layer in sim.layers]
+
+    fused, fused_res = run()
+    eager_adacomp(monkeypatch)
+    eager, eager_res = run()
+    for (out, bits), (out_e, bits_e) in zip(fused, eager, strict=True):
+        assert torch.equal(bits_of(out), bits_of(out_e)) and bits == bits_e
+    for r, r_e in zip(fused_res, eager_res, strict=True):
+        assert torch.equal(bits_of(r), bits_of(r_e))
+
+
+def test_adacomp_kernel_builds_into_the_cache(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if adacomp_kernel.kernel() is None:
+        pytest.skip("no C compiler: AdaComp runs its eager path only")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(adacomp_kernel, "_tried", False)
+    monkeypatch.setattr(adacomp_kernel, "_lib", None)
+    assert adacomp_kernel.kernel() is not None
+    assert [p.suffix for p in (tmp_path / "accordion-bench").iterdir()] == [".so"]
+
+
+def test_adacomp_without_a_compiler_warns_once_and_runs_eager(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setattr(adacomp_kernel, "_tried", False)
+    monkeypatch.setattr(adacomp_kernel, "_lib", None)
+    steps = random_steps((50, 20), 2, steps=3)
+    with pytest.warns(RuntimeWarning, match="eager torch path") as record:
+        got = compression.simulate("adacomp", steps, fc_bin_size=50)
+    assert len(record) == 1
+    assert_outputs(got, ref_adacomp(steps, 50)[0])
 
 
 # ---- limits: no compression at the top level ------------------------------------------------
