@@ -39,8 +39,9 @@ import torch
 
 from compression import _adacomp_kernel as _kernel
 from compression import register
-from compression.base import Compressor, Layer, Scratch, Sent, check_bool, check_int
+from compression.base import Compressor, Layer, Scratch, Sent
 from compression.comm import Comm, Steps, all_gather_varlen
+from engine.errors import check_bool, check_int
 
 WORD_BITS = 32  # int32 / fp32 words of our wire format
 

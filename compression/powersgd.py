@@ -40,8 +40,9 @@ from typing import Any
 import torch
 
 from compression import register
-from compression.base import Compressor, Layer, Sent, check_int
+from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, Steps
+from engine.errors import check_int
 
 log = logging.getLogger(__name__)
 

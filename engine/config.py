@@ -16,7 +16,7 @@ import data
 import models
 import schedulers
 from engine import lr
-from engine.errors import ConfigError
+from engine.errors import ConfigError, check_int
 from engine.record import CHECKPOINT
 
 
@@ -56,10 +56,10 @@ def _check_model_fits_data(model: str, dataset: Any) -> None:
 
 
 def _check_trainer(t: Any, world_size: int) -> None:
-    _at_least(t, "epochs", 1)
-    _at_least(t, "batch_size", 1)
-    _at_least(t, "eval_batch_size", 1)
-    _at_least(t, "num_workers", 0)
+    check_int(t.epochs, "trainer.epochs", 1)
+    check_int(t.batch_size, "trainer.batch_size", 1)
+    check_int(t.eval_batch_size, "trainer.eval_batch_size", 1)
+    check_int(t.num_workers, "trainer.num_workers", 0)
     if t.batch_size % world_size:
         raise ConfigError(f"trainer.batch_size: the global batch {t.batch_size} must be divisible "
                           f"by the world size {world_size}")
@@ -80,8 +80,3 @@ def _check_trainer(t: Any, world_size: int) -> None:
     if t.progress not in ("auto", True, False):
         raise ConfigError(f"trainer.progress: expected auto, true or false, got {t.progress!r}")
 
-
-def _at_least(node: Any, key: str, low: int) -> None:
-    value = node[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"trainer.{key}: expected an integer >= {low}, got {value!r}")

@@ -29,7 +29,7 @@ from typing import Any
 
 from compression.base import Compressor
 from compression.hook import HookState
-from engine.errors import ConfigError
+from engine.errors import ConfigError, check_int
 from schedulers import register
 from schedulers.base import Scheduler
 
@@ -46,8 +46,7 @@ def check_detector(eta: Any, interval: Any) -> None:
     """ConfigError unless eta > 0 and interval is an integer >= 1."""
     if isinstance(eta, bool) or not isinstance(eta, int | float) or not eta > 0:
         raise ConfigError(f"scheduler.eta: expected a number > 0, got {eta!r}")
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise ConfigError(f"scheduler.interval: expected an integer >= 1, got {interval!r}")
+    check_int(interval, "scheduler.interval", 1)
 
 
 def is_check_epoch(epoch: int, interval: int) -> bool:

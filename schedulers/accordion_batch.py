@@ -20,7 +20,7 @@ from typing import Any
 
 from compression.base import Compressor
 from compression.hook import HookState
-from engine.errors import ConfigError
+from engine.errors import ConfigError, check_int
 from schedulers import register
 from schedulers.accordion import History
 from schedulers.base import Scheduler
@@ -34,20 +34,14 @@ def model_norm(grad_norms: dict[str, float]) -> float:
     return math.sqrt(sum(g * g for g in grad_norms.values()))
 
 
-def _check_batch(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{field}: expected an integer >= 1, got {value!r}")
-    return value
-
-
 @register("accordion_batch")
 class AccordionBatch(Scheduler):
     """Global batch ``batch_low`` in critical regimes, ``batch_high`` elsewhere."""
 
     def __init__(self, batch_low: int = 512, batch_high: int = 4096, lr_scaling: str = "linear",
                  eta: float = 0.5, interval: int = 10) -> None:
-        self.batch_low = _check_batch(batch_low, "scheduler.batch_low")
-        self.batch_high = _check_batch(batch_high, "scheduler.batch_high")
+        self.batch_low = check_int(batch_low, "scheduler.batch_low")
+        self.batch_high = check_int(batch_high, "scheduler.batch_high")
         if batch_low > batch_high:
             raise ConfigError(f"scheduler.batch_low: expected <= scheduler.batch_high "
                               f"({batch_high}), got {batch_low}")
