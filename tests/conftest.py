@@ -16,6 +16,8 @@ from omegaconf import DictConfig
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 # Small and fast: narrow ResNet-18 on 128 digits, no W&B.
+# Metrics that measure time: they differ between otherwise identical runs.
+TIMING = {"time/epoch_s", "samples_per_s", "time/compress_s"}
 TINY = ["model.width=8", "dataset.subset=128", "trainer.batch_size=32", "logger=none",
         "trainer.progress=false", "trainer.device=cpu"]
 
@@ -40,6 +42,11 @@ def run_cli(args: list[str], nproc: int = 1, env: dict[str, str] | None = None,
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **(env or {})}
     return subprocess.run(cmd + ["run.py", *args], cwd=ROOT, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
+    """The run succeeded; otherwise show the end of its output."""
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
 
 
 def read_rows(run_dir: Path) -> list[dict]:

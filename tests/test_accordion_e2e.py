@@ -10,13 +10,9 @@ import pytest
 import torch
 
 from schedulers.accordion import replay
-from tests.conftest import TINY, read_rows, run_cli
+from tests.conftest import TIMING, TINY, assert_ok, read_rows, run_cli
 
 pytestmark = pytest.mark.slow
-
-
-def _ok(proc) -> None:
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
 
 
 def _powersgd_bits_per_step(model: dict[str, torch.Tensor], rank: int) -> int:
@@ -37,10 +33,11 @@ def _powersgd_bits_per_step(model: dict[str, torch.Tensor], rank: int) -> int:
 def test_accordion_powersgd_switches_levels_and_bits(tmp_path):
     # interval 2, LR /10 from epoch 3: epochs 0..2 critical (start), 3..4 critical (decay),
     # 5 not critical (the check at the end of epoch 4 cannot fire with eta=100).
-    _ok(run_cli([*TINY, "compressor=powersgd", "scheduler=accordion", "scheduler.low=2",
-                 "scheduler.high=1", "scheduler.interval=2", "scheduler.eta=100",
-                 "optimizer.schedule.milestones=[3]", "optimizer.schedule.decay_factors=[0.1]",
-                 "trainer.epochs=6", f"hydra.run.dir={tmp_path}"], nproc=2))
+    assert_ok(run_cli([*TINY, "compressor=powersgd", "scheduler=accordion", "scheduler.low=2",
+                       "scheduler.high=1", "scheduler.interval=2", "scheduler.eta=100",
+                       "optimizer.schedule.milestones=[3]",
+                       "optimizer.schedule.decay_factors=[0.1]",
+                       "trainer.epochs=6", f"hydra.run.dir={tmp_path}"], nproc=2))
     rows = read_rows(tmp_path)
     model = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["model"]
     layers = sorted(k[len("level/"):] for k in rows[0] if k.startswith("level/"))
@@ -62,11 +59,12 @@ def test_accordion_powersgd_switches_levels_and_bits(tmp_path):
 
 def test_accordion_batch_changes_steps_and_lr(tmp_path):
     # interval 1: epochs 0..1 critical (start); 2 not; LR decay into 3 makes 3 critical; 4 not.
-    _ok(run_cli([*TINY, "scheduler=accordion_batch", "scheduler.batch_low=16",
-                 "scheduler.batch_high=32", "scheduler.interval=1", "scheduler.eta=100",
-                 "scheduler.lr_scaling=linear", "optimizer.lr=0.05",
-                 "optimizer.schedule.milestones=[3]", "optimizer.schedule.decay_factors=[0.1]",
-                 "trainer.epochs=5", f"hydra.run.dir={tmp_path}"], nproc=2))
+    assert_ok(run_cli([*TINY, "scheduler=accordion_batch", "scheduler.batch_low=16",
+                       "scheduler.batch_high=32", "scheduler.interval=1", "scheduler.eta=100",
+                       "scheduler.lr_scaling=linear", "optimizer.lr=0.05",
+                       "optimizer.schedule.milestones=[3]",
+                       "optimizer.schedule.decay_factors=[0.1]",
+                       "trainer.epochs=5", f"hydra.run.dir={tmp_path}"], nproc=2))
     rows = read_rows(tmp_path)
     assert [r["batch_size"] for r in rows] == [16, 16, 32, 16, 32]
     assert [r["lr"] for r in rows] == pytest.approx([0.05, 0.05, 0.1, 0.005, 0.01])
@@ -80,11 +78,10 @@ def test_accordion_resume_makes_the_same_decisions(tmp_path):
     common = [*TINY, "compressor=topk", "scheduler=accordion", "scheduler.interval=1",
               "scheduler.low=0.5", "scheduler.high=0.05", "trainer.epochs=4"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _ok(run_cli([*common, f"hydra.run.dir={straight}"], nproc=2))
-    _ok(run_cli([*common, "trainer.epochs=2", f"hydra.run.dir={resumed}"], nproc=2))
-    _ok(run_cli([*common, "resume=true", f"hydra.run.dir={resumed}"], nproc=2))
-    timing = {"time/epoch_s", "samples_per_s", "time/compress_s"}
+    assert_ok(run_cli([*common, f"hydra.run.dir={straight}"], nproc=2))
+    assert_ok(run_cli([*common, "trainer.epochs=2", f"hydra.run.dir={resumed}"], nproc=2))
+    assert_ok(run_cli([*common, "resume=true", f"hydra.run.dir={resumed}"], nproc=2))
     a, b = read_rows(straight), read_rows(resumed)
-    assert [{k: v for k, v in r.items() if k not in timing} for r in a] == \
-           [{k: v for k, v in r.items() if k not in timing} for r in b]
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in a] == \
+           [{k: v for k, v in r.items() if k not in TIMING} for r in b]
     assert any(k.startswith("critical/") for k in a[0])

@@ -7,16 +7,11 @@ import json
 import pytest
 import torch
 
-from tests.conftest import TINY, read_rows, run_cli
+from tests.conftest import TIMING, TINY, assert_ok, read_rows, run_cli
 
 EPOCH_KEYS = {"epoch", "lr", "train/loss", "test/loss", "test/accuracy", "comm/bits",
               "comm/bits_dense", "time/epoch_s", "samples_per_s", "time/compress_s"}
 SUMMARY_KEYS = {"status", "final", "best", "total_bits", "total_time_s", "params_in_sync"}
-TIMING = {"time/epoch_s", "samples_per_s", "time/compress_s"}
-
-
-def _ok(proc) -> None:
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
 
 
 def _check_record(run_dir, epochs: int, world_size: int) -> list[dict]:
@@ -44,7 +39,7 @@ def _check_record(run_dir, epochs: int, world_size: int) -> list[dict]:
 
 def test_single_process_run_leaves_record(tmp_path):
     proc = run_cli([*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path}"])
-    _ok(proc)
+    assert_ok(proc)
     rows = _check_record(tmp_path, epochs=2, world_size=1)
     assert rows[1]["train/loss"] < rows[0]["train/loss"]
 
@@ -52,7 +47,7 @@ def test_single_process_run_leaves_record(tmp_path):
 @pytest.mark.slow
 def test_two_rank_gloo_run_keeps_ranks_in_sync(tmp_path):
     proc = run_cli([*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path}"], nproc=2)
-    _ok(proc)
+    assert_ok(proc)
     _check_record(tmp_path, epochs=2, world_size=2)
     assert not any(p.name.startswith(".hydra") for p in tmp_path.parent.iterdir()
                    if p != tmp_path)
@@ -61,9 +56,10 @@ def test_two_rank_gloo_run_keeps_ranks_in_sync(tmp_path):
 @pytest.mark.slow
 def test_resume_is_bit_exact(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _ok(run_cli([*TINY, "trainer.epochs=3", f"hydra.run.dir={straight}"], nproc=2))
-    _ok(run_cli([*TINY, "trainer.epochs=1", f"hydra.run.dir={resumed}"], nproc=2))
-    _ok(run_cli([*TINY, "trainer.epochs=3", "resume=true", f"hydra.run.dir={resumed}"], nproc=2))
+    assert_ok(run_cli([*TINY, "trainer.epochs=3", f"hydra.run.dir={straight}"], nproc=2))
+    assert_ok(run_cli([*TINY, "trainer.epochs=1", f"hydra.run.dir={resumed}"], nproc=2))
+    assert_ok(run_cli([*TINY, "trainer.epochs=3", "resume=true", f"hydra.run.dir={resumed}"],
+                      nproc=2))
     a, b = read_rows(straight), read_rows(resumed)
     assert len(a) == len(b) == 3
     for row_a, row_b in zip(a, b, strict=True):
@@ -76,7 +72,7 @@ def test_resume_is_bit_exact(tmp_path):
 
 
 def test_resume_with_other_world_size_is_refused(tmp_path):
-    _ok(run_cli([*TINY, "trainer.epochs=1", f"hydra.run.dir={tmp_path}"]))
+    assert_ok(run_cli([*TINY, "trainer.epochs=1", f"hydra.run.dir={tmp_path}"]))
     proc = run_cli([*TINY, "trainer.epochs=2", "resume=true", f"hydra.run.dir={tmp_path}"],
                    nproc=2)
     assert proc.returncode != 0
@@ -85,8 +81,8 @@ def test_resume_with_other_world_size_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_wandb_offline_run_records_the_same_keys(tmp_path):
-    _ok(run_cli([*TINY, "trainer.epochs=1", "logger=wandb", f"hydra.run.dir={tmp_path}"],
-                env={"WANDB_MODE": "offline"}))
+    assert_ok(run_cli([*TINY, "trainer.epochs=1", "logger=wandb", f"hydra.run.dir={tmp_path}"],
+                      env={"WANDB_MODE": "offline"}))
     (log,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     blob = log.read_bytes()
     for key in ("train/loss", "test/accuracy", "comm/bits", "grad_norm/conv1.weight"):
@@ -99,7 +95,7 @@ def test_logger_failure_warns_once_and_training_goes_on(tmp_path):
     bad_tag = "x" * 100  # W&B refuses tags longer than 64 characters: init fails.
     proc = run_cli([*TINY, "trainer.epochs=2", "logger=wandb", f"logger.tags=[{bad_tag}]",
                     f"hydra.run.dir={tmp_path}"])
-    _ok(proc)
+    assert_ok(proc)
     assert proc.stderr.count("W&B failed to start") == 1
     assert "continuing with the local run record only" in proc.stderr
     _check_record(tmp_path, epochs=2, world_size=1)
@@ -111,7 +107,7 @@ def test_two_rank_lstm_gets_near_the_perplexity_floor(tmp_path, compose_cfg):
 
     proc = run_cli(["experiment=lstm_synthetic_text", "logger=none", "trainer.progress=false",
                     "trainer.device=cpu", f"hydra.run.dir={tmp_path}"], nproc=2)
-    _ok(proc)
+    assert_ok(proc)
     rows = read_rows(tmp_path)
     floor = perplexity_floor(compose_cfg("experiment=lstm_synthetic_text").dataset)
     final = rows[-1]["test/perplexity"]
@@ -126,9 +122,9 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     # cifar10_cnn has no BatchNorm, so micro-batches change nothing but the summation order.
     common = ["model=cifar10_cnn", "dataset=synthetic", "dataset.subset=128", "logger=none",
               "trainer.batch_size=32", "trainer.epochs=1", "trainer.progress=false"]
-    _ok(run_cli([*common, f"hydra.run.dir={tmp_path / 'big'}"], nproc=2))
-    _ok(run_cli([*common, "trainer.micro_batch_size=4", f"hydra.run.dir={tmp_path / 'acc'}"],
-                nproc=2))
+    assert_ok(run_cli([*common, f"hydra.run.dir={tmp_path / 'big'}"], nproc=2))
+    assert_ok(run_cli([*common, "trainer.micro_batch_size=4", f"hydra.run.dir={tmp_path / 'acc'}"],
+                      nproc=2))
     big, acc = read_rows(tmp_path / "big"), read_rows(tmp_path / "acc")
     assert big[0]["comm/bits"] == acc[0]["comm/bits"]  # one communication per step either way
     assert acc[0]["train/loss"] == pytest.approx(big[0]["train/loss"], rel=1e-5)
@@ -139,7 +135,8 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
 
 
 def test_divergence_is_recorded_and_stops_the_run(tmp_path):
-    _ok(run_cli([*TINY, "trainer.epochs=3", "optimizer.lr=1e30", f"hydra.run.dir={tmp_path}"]))
+    assert_ok(run_cli([*TINY, "trainer.epochs=3", "optimizer.lr=1e30",
+                       f"hydra.run.dir={tmp_path}"]))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "diverged"
     assert summary["epochs_completed"] == len(read_rows(tmp_path)) < 3
@@ -170,7 +167,7 @@ def test_sigterm_records_the_failure_and_the_run_resumes(tmp_path):
     assert summary["status"].startswith("failed: SystemExit")
     done = len(read_rows(tmp_path))
     assert 1 <= done == summary["epochs_completed"]
-    _ok(run_cli([*TINY, f"trainer.epochs={done + 1}", "resume=true",
-                 f"hydra.run.dir={tmp_path}"]))
+    assert_ok(run_cli([*TINY, f"trainer.epochs={done + 1}", "resume=true",
+                       f"hydra.run.dir={tmp_path}"]))
     assert [r["epoch"] for r in read_rows(tmp_path)] == list(range(done + 1))
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
