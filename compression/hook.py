@@ -110,7 +110,6 @@ class HookState:
         self.wire_bits = 0
         self.bits_dense = 0
         self.timer.seconds = 0.0
-        self.steps = 0
         for g in self.grad_sums.values():
             g.zero_()
 
@@ -191,7 +190,6 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]
     grads = bucket.gradients()
     names = [state._name_of[id(p)] for p in bucket.parameters()]
     state._accumulate(names, grads)
-    state.steps += bucket.is_last()
     state.bits_dense += FP32_BITS * buffer.numel()
 
     dense, layers = state.split(names, grads, buffer)
