@@ -16,7 +16,7 @@ the simulation run the same compressor code.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -37,8 +37,10 @@ class Comm(Protocol):
         """Sum ``tensor`` over the workers, in place; the future's value is ``tensor``."""
         ...
 
-    def all_gather(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
-        """Every worker's 1-D ``tensor`` (same length everywhere), concatenated in rank order."""
+    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None
+                   ) -> Future[torch.Tensor]:
+        """Every worker's 1-D ``tensor`` (same length everywhere), concatenated in rank order,
+        in ``out`` (``world_size * numel`` elements) if given, else in a new tensor."""
         ...
 
 
@@ -53,8 +55,10 @@ class GroupComm:
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
 
-    def all_gather(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
-        out = tensor.new_empty(self.world_size * tensor.numel())
+    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None
+                   ) -> Future[torch.Tensor]:
+        if out is None:
+            out = tensor.new_empty(self.world_size * tensor.numel())
         work = dist.all_gather_single(out, tensor, group=self.group, async_op=True)
         return work.get_future().then(lambda _: out)
 
@@ -65,17 +69,19 @@ class _Exchange:
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
         self.calls = [0] * world_size
-        self.open: dict[int, tuple[str, dict[int, torch.Tensor], dict[int, Future]]] = {}
+        self.open: dict[int, tuple[str, dict[int, torch.Tensor], dict[int, Future],
+                                   dict[int, torch.Tensor | None]]] = {}
 
-    def post(self, rank: int, op: str, tensor: torch.Tensor) -> Future[torch.Tensor]:
+    def post(self, rank: int, op: str, tensor: torch.Tensor, out: torch.Tensor | None = None
+             ) -> Future[torch.Tensor]:
         seq = self.calls[rank]
         self.calls[rank] += 1
-        kind, inputs, futures = self.open.setdefault(seq, (op, {}, {}))
+        kind, inputs, futures, outs = self.open.setdefault(seq, (op, {}, {}, {}))
         if kind != op or any(t.shape != tensor.shape for t in inputs.values()):
             raise RuntimeError(f"simulated workers disagree on collective #{seq}: {kind} of "
                                f"{[tuple(t.shape) for t in inputs.values()]} vs {op} of "
                                f"{tuple(tensor.shape)}")
-        inputs[rank], futures[rank] = tensor, Future()
+        inputs[rank], futures[rank], outs[rank] = tensor, Future(), out
         fut = futures[rank]
         if len(inputs) == self.world_size:
             del self.open[seq]  # completing may post the next collectives (callbacks run inline)
@@ -87,7 +93,8 @@ class _Exchange:
             else:
                 gathered = torch.cat(ordered)
                 for r in range(self.world_size):
-                    futures[r].set_result(gathered.clone())
+                    mine = gathered.clone() if outs[r] is None else outs[r].copy_(gathered)
+                    futures[r].set_result(mine)
         return fut
 
 
@@ -108,23 +115,33 @@ class SimComm:
     def all_reduce(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
         return self.exchange.post(self.rank, "all_reduce", tensor)
 
-    def all_gather(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
-        return self.exchange.post(self.rank, "all_gather", tensor)
+    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None
+                   ) -> Future[torch.Tensor]:
+        return self.exchange.post(self.rank, "all_gather", tensor, out)
 
 
-def all_gather_varlen(comm: Comm, message: torch.Tensor) -> Steps[list[torch.Tensor]]:
+def all_gather_varlen(comm: Comm, message: torch.Tensor, room: torch.Tensor | None = None,
+                      out: Callable[[int], torch.Tensor] | None = None
+                      ) -> Steps[list[torch.Tensor]]:
     """Gather 1-D messages of different lengths: exchange the lengths, then one padded gather.
 
     Returns every worker's message, in rank order. Costs one int32 per worker on top of the
-    longest message (times the world size).
+    longest message (times the world size). Buffers spare the allocations (and their page
+    faults): ``room``, a tensor that ``message`` is the start of, takes the padding in place when
+    it is long enough, and ``out(numel)`` lends the gather's output.
     """
-    size = torch.tensor([message.numel()], dtype=torch.int32)
+    size = torch.tensor([message.numel()], dtype=torch.int32, device=message.device)
     sizes = (yield comm.all_gather(size)).tolist()
     longest = max(sizes)
     padded = message
     if message.numel() < longest:
-        padded = torch.cat([message, message.new_zeros(longest - message.numel())])
-    gathered = yield comm.all_gather(padded)
+        if room is not None and room.numel() >= longest:
+            padded = room[:longest]
+            padded[message.numel():].zero_()
+        else:
+            padded = torch.cat([message, message.new_zeros(longest - message.numel())])
+    into = out(comm.world_size * longest) if out is not None else None
+    gathered = yield comm.all_gather(padded, into)
     return [gathered[w * longest:w * longest + n] for w, n in enumerate(sizes)]
 
 
