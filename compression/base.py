@@ -63,6 +63,10 @@ class Compressor:
         raise ConfigError(f"{field or 'compressor.name'}: compressor {self.name!r} has no "
                           f"levels to set")
 
+    def settle(self, layer: Layer) -> None:
+        """Bring ``layer.memory`` to its plain form (a compressor may defer part of a step's
+        update to the next step); called before the memory is saved or read from outside."""
+
     def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
         """Steps that overwrite every ``layer.grad`` with the mean over workers of its
         (compressed) gradient; returns what this worker sent for each layer, in order."""
@@ -74,17 +78,23 @@ class Scratch:
 
     Not state: a buffer's contents are garbage between uses, and a slot must not be taken again
     while its last view is still in use. Reusing them spares the page faults a fresh allocation
-    of that size costs on every step on CPU (which outweigh the arithmetic).
+    of that size costs on every step on CPU (which outweigh the arithmetic). A buffer that must
+    outlive a collective is taken per ``owner`` (the bucket's first :class:`Layer`, which is this
+    worker's own): simulated workers share one compressor and interleave their steps, and a
+    driver may run several buckets' steps at once.
     """
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+        self._buffers: dict[tuple[str, torch.dtype, torch.device, int], torch.Tensor] = {}
 
     def take(self, slot: str, numel: int, like: torch.Tensor,
-             dtype: torch.dtype | None = None) -> torch.Tensor:
-        """A 1-D tensor of ``numel`` elements (``like``'s device, ``dtype`` or ``like``'s)."""
-        key = (slot, dtype or like.dtype, like.device)
+             dtype: torch.dtype | None = None, owner: object = None,
+             reserve: int = 0) -> torch.Tensor:
+        """A 1-D tensor of ``numel`` elements (``like``'s device, ``dtype`` or ``like``'s),
+        distinct for each ``owner``. A new buffer gets room for ``reserve`` elements if that
+        is more (for sizes that vary from step to step)."""
+        key = (slot, dtype or like.dtype, like.device, id(owner))
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < numel:
-            buffer = self._buffers[key] = like.new_empty(numel, dtype=key[1])
+            buffer = self._buffers[key] = like.new_empty(max(numel, reserve), dtype=key[1])
         return buffer[:numel]

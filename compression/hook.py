@@ -137,6 +137,8 @@ class HookState:
 
         Tensors are copies: training on does not change a saved state.
         """
+        for layer in self.layers.values():
+            self.compressor.settle(layer)
         return {"compressor": self.compressor.name,
                 "layers": {name: {"level": layer.level,
                                   "memory": {k: v.clone() for k, v in layer.memory.items()}}

@@ -24,7 +24,8 @@ class Simulation:
     """``world_size`` simulated workers compressing one layer of ``shape`` with compressor
     ``name`` (its config keys as ``params``). ``layer_name`` names the layer as the model's
     parameter would be named (PowerSGD seeds the layer's initial Q with it). ``layers[w]`` is
-    worker w's layer record (level, memory), as the hook would keep it."""
+    worker w's layer record (level, memory), as the hook would keep it; read a memory through
+    :meth:`memory`."""
 
     def __init__(self, name: str, world_size: int, shape: Sequence[int], *,
                  layer_name: str = "layer", **params: Any) -> None:
@@ -44,6 +45,12 @@ class Simulation:
         level = self.compressor.validate_level(level)
         for layer in self.layers:
             layer.level = level
+
+    def memory(self, worker: int) -> dict[str, torch.Tensor]:
+        """Worker ``worker``'s compressor memory (error feedback, residue, Q), settled: any
+        update the compressor deferred to the next step is applied first."""
+        self.compressor.settle(self.layers[worker])
+        return self.layers[worker].memory
 
     def step(self, grads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
         """One step: each worker's local gradient in; the aggregate and each worker's bits out."""

@@ -6,12 +6,18 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+
+import compression
+from compression._native import Library
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -64,3 +70,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- compressors: a C kernel against its eager torch path -----------------------------------
+def bits_of(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns (float32 as int32), flat: equal means bit for bit."""
+    return t.reshape(-1).view(torch.int32)
+
+
+SimulatedRun = tuple[list[tuple[torch.Tensor, list[int]]], list[torch.Tensor]]
+
+
+def simulate_run(name: str, shape: tuple[int, ...], steps: list[list[torch.Tensor]], key: str,
+                 **params: object) -> SimulatedRun:
+    """Run compressor ``name`` on simulated workers over ``steps``: each step's aggregate and
+    bits, and each worker's (settled) ``memory[key]`` at the end."""
+    sim = compression.Simulation(name, len(steps[0]), shape, **params)
+    outs = [sim.step(grads) for grads in steps]
+    return outs, [sim.memory(w)[key] for w in range(len(steps[0]))]
+
+
+def assert_same_bits(got: SimulatedRun, expected: SimulatedRun) -> None:
+    """Two :func:`simulate_run` results agree bit for bit: aggregates, bits and memories."""
+    for (out, bits), (out_e, bits_e) in zip(got[0], expected[0], strict=True):
+        assert torch.equal(bits_of(out), bits_of(out_e)) and bits == bits_e
+    for memory, memory_e in zip(got[1], expected[1], strict=True):
+        assert torch.equal(bits_of(memory), bits_of(memory_e))
+
+
+@contextmanager
+def without_a_compiler(library: Library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                       ) -> Iterator[list[warnings.WarningMessage]]:
+    """Inside: ``library`` cannot be built (no compiler), and the warnings it gives are
+    recorded (at least one is required); afterwards it is built (or found) anew."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    library.reset()
+    try:
+        with pytest.warns(RuntimeWarning, match="eager torch path") as record:
+            yield record
+    finally:
+        library.reset()

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from compression.base import Layer
 from compression.powersgd import initial_q
 from compression.topk import SAMPLE, top_k_indices
 from engine.errors import ConfigError
+from tests.conftest import assert_same_bits, bits_of, simulate_run, without_a_compiler
 
 WORKERS = (1, 2, 3)
 SHAPES = ((6, 40), (8, 3, 3, 3), (50, 20), (30, 7))
@@ -182,13 +186,18 @@ def adacomp_grads(shape: tuple[int, ...], workers: int, steps: int, bin_size: in
     return grads
 
 
+def require_kernel() -> None:
+    """Skip where there is no C compiler; where there is one, the kernel must build."""
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler: AdaComp runs its eager path only")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a build failure's warning fails the test
+        assert adacomp_kernel.kernel() is not None
+
+
 def eager_adacomp(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make AdaComp use its eager torch path (as on CUDA or without a C compiler)."""
     monkeypatch.setattr(adacomp_kernel, "kernel", lambda: None)
-
-
-def bits_of(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view(torch.int32)
 
 
 @pytest.mark.parametrize(("shape", "bin_size"), [
@@ -198,21 +207,25 @@ def bits_of(t: torch.Tensor) -> torch.Tensor:
 def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_size: int,
                                                   soft: bool,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    if adacomp_kernel.kernel() is None:
-        pytest.skip("no C compiler: AdaComp runs its eager path only")
+    require_kernel()
     grads = adacomp_grads(shape, 1, steps=6, bin_size=bin_size)
     compressor = AdaComp(soft_threshold=soft)
 
-    def run() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def run() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         layer = Layer("layer", torch.Size(shape), bin_size)
         layer.memory["residue"] = torch.zeros(math.ceil(math.prod(shape) / bin_size) * bin_size)
         out = []
-        for (g,) in grads:
+        for t, (g,) in enumerate(grads):
             layer.grad = g.clone()
             layer.memory["residue"][1] = 100.0            # G = 0, |H| = 100 >= g_max: not sent
             layer.grad.view(-1)[1] = -100.0
-            signed, scale = compressor._select(layer)
-            out.append((signed, scale, layer.memory["residue"].clone()))
+            into = torch.empty(layer.grad.numel() + adacomp_kernel.SLACK, dtype=torch.int32)
+            [count], [scale] = compressor._compress([layer], into)
+            residue = None
+            if t in (2, len(grads) - 1):                  # the steps between: G_q stays owed
+                compressor.settle(layer)
+                residue = layer.memory["residue"].clone()
+            out.append((into[:count].clone(), scale, residue))
         return out
 
     fused = run()
@@ -223,7 +236,9 @@ def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_si
         assert torch.equal(signed, signed_e)
         assert 2 not in signed.abs()                      # the G = 0 element
         assert torch.equal(bits_of(scale), bits_of(scale_e))
-        assert torch.equal(bits_of(residue), bits_of(residue_e))
+        assert (residue is None) == (residue_e is None)
+        if residue is not None:
+            assert torch.equal(bits_of(residue), bits_of(residue_e))
 
 
 @pytest.mark.parametrize(("shape", "bin_size", "soft"), [((30, 7), 4, True), ((6, 40), 50, True),
@@ -232,44 +247,86 @@ def test_adacomp_kernel_aggregate_is_bitwise_the_eager_path(
         shape: tuple[int, ...], bin_size: int, soft: bool,
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Three workers: the received elements are summed in the same order as index_add_ does.
-    if adacomp_kernel.kernel() is None:
-        pytest.skip("no C compiler: AdaComp runs its eager path only")
+    require_kernel()
     steps = adacomp_grads(shape, 3, steps=5, bin_size=bin_size)
     params = {"fc_bin_size": bin_size, "soft_threshold": soft}
+    fused = simulate_run("adacomp", shape, steps, "residue", **params)
+    eager_adacomp(monkeypatch)
+    assert_same_bits(fused, simulate_run("adacomp", shape, steps, "residue", **params))
 
-    def run() -> tuple[list[tuple[torch.Tensor, list[int]]], list[torch.Tensor]]:
-        sim = compression.Simulation("adacomp", 3, shape, **params)
-        outs = [sim.step(grads) for grads in steps]
-        return outs, [layer.memory["residue"] for layer in sim.layers]
+
+@pytest.mark.parametrize("new_bin_size", [4, 64, 30])
+def test_adacomp_kernel_level_change_is_bitwise_the_eager_path(
+        new_bin_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bin size change while G_q is owed: the owed bits are laid out by bin, so they are
+    # settled first (30 -> 30: same padding, same layout; 4 and 64: new ones).
+    require_kernel()
+    shape = (12, 20)
+    steps = adacomp_grads(shape, 2, steps=6, bin_size=30)
+
+    def run() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        sim = compression.Simulation("adacomp", 2, shape, fc_bin_size=30)
+        outs = []
+        for t, grads in enumerate(steps):
+            if t == 3:
+                sim.set_level(new_bin_size)
+            outs.append(sim.step(grads)[0])
+        return outs, [sim.memory(w)["residue"] for w in range(2)]
 
     fused, fused_res = run()
     eager_adacomp(monkeypatch)
     eager, eager_res = run()
-    for (out, bits), (out_e, bits_e) in zip(fused, eager, strict=True):
-        assert torch.equal(bits_of(out), bits_of(out_e)) and bits == bits_e
-    for r, r_e in zip(fused_res, eager_res, strict=True):
-        assert torch.equal(bits_of(r), bits_of(r_e))
+    for out, out_e in zip(fused + fused_res, eager + eager_res, strict=True):
+        assert torch.equal(bits_of(out), bits_of(out_e))
+
+
+@pytest.mark.parametrize("received", [[1, 20000], [0], [5000, -4, 4097], [4097, 2]],
+                         ids=["past-the-end", "zero", "back-across-a-block", "descending"])
+def test_adacomp_decompress_rejects_a_bad_list(received: list[int]) -> None:
+    require_kernel()
+    out = torch.full((10000,), 7.0)
+    with pytest.raises(ValueError, match="out of range"):
+        adacomp_kernel.decompress(adacomp_kernel.kernel(), [out],
+                                  [torch.tensor(received, dtype=torch.int32)],
+                                  torch.tensor([[0]]), torch.tensor([[len(received)]]),
+                                  torch.tensor([[0.5]]))
+
+
+def test_adacomp_decompress_sums_workers_in_order() -> None:
+    # Two layers (9000 and 3 elements) from two workers; each message holds both lists.
+    require_kernel()
+    outs = [torch.full((9000,), 7.0), torch.full((3,), 7.0)]
+    messages = [torch.tensor(r, dtype=torch.int32)
+                for r in ([1, -5, 4097, 8999, -3], [-1, 5, 9000, 2, 3])]
+    adacomp_kernel.decompress(adacomp_kernel.kernel(), outs, messages,
+                              torch.tensor([[0, 0], [4, 3]]), torch.tensor([[4, 3], [1, 2]]),
+                              torch.tensor([[0.5, 0.25], [1.0, 2.0]]))
+    expected = torch.zeros(9000)
+    expected[[0, 4, 4096, 8998, 8999]] = torch.tensor([0.25, -0.25, 0.5, 0.5, 0.25])
+    assert torch.equal(outs[0], expected)
+    assert torch.equal(outs[1], torch.tensor([0.0, 2.0, 1.0]))
 
 
 def test_adacomp_kernel_builds_into_the_cache(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    if adacomp_kernel.kernel() is None:
-        pytest.skip("no C compiler: AdaComp runs its eager path only")
+    require_kernel()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(adacomp_kernel, "_tried", False)
-    monkeypatch.setattr(adacomp_kernel, "_lib", None)
-    assert adacomp_kernel.kernel() is not None
-    assert [p.suffix for p in (tmp_path / "accordion-bench").iterdir()] == [".so"]
+    stale = tmp_path / "accordion-bench" / "adacomp_0123456789abcdef.so"  # an older build
+    stale.parent.mkdir()
+    stale.write_bytes(b"")
+    adacomp_kernel.LIBRARY.reset()
+    try:
+        assert adacomp_kernel.kernel() is not None
+    finally:
+        adacomp_kernel.LIBRARY.reset()
+    [built] = (tmp_path / "accordion-bench").iterdir()
+    assert built.suffix == ".so" and built != stale
 
 
 def test_adacomp_without_a_compiler_warns_once_and_runs_eager(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(adacomp_kernel, "_tried", False)
-    monkeypatch.setattr(adacomp_kernel, "_lib", None)
     steps = random_steps((50, 20), 2, steps=3)
-    with pytest.warns(RuntimeWarning, match="eager torch path") as record:
+    with without_a_compiler(adacomp_kernel.LIBRARY, tmp_path, monkeypatch) as record:
         got = compression.simulate("adacomp", steps, fc_bin_size=50)
     assert len(record) == 1
     assert_outputs(got, ref_adacomp(steps, 50)[0])
@@ -323,8 +380,8 @@ def test_error_feedback_conserves_the_gradient(name: str, params: dict, key: str
     sent = torch.zeros(shape, dtype=torch.float64)
     for grads in steps:
         sent += sim.step(grads)[0].double()
-    memory = torch.stack([layer.memory[key].double().reshape(-1)[:math.prod(shape)]
-                          for layer in sim.layers]).mean(0).reshape(shape)
+    memory = torch.stack([sim.memory(w)[key].double().reshape(-1)[:math.prod(shape)]
+                          for w in range(workers)]).mean(0).reshape(shape)
     total = sum(dense_mean(grads) for grads in steps)
     torch.testing.assert_close(sent + memory, total, atol=1e-4, rtol=0)
     assert memory.abs().max() > 1e-2  # the memory really holds something
@@ -484,7 +541,7 @@ def adacomp_descent(soft: bool, steps: int = 300) -> tuple[list[float], list[flo
         grads = [curvature * (w - optimum) + noise * torch.randn(shape, generator=gen)
                  for _ in range(2)]
         w -= lr * sim.step(grads)[0]
-        residues.append(max(float(layer.memory["residue"].abs().max()) for layer in sim.layers))
+        residues.append(max(float(sim.memory(w)["residue"].abs().max()) for w in range(2)))
         losses.append(float((curvature * (w - optimum) ** 2).mean()) / 2)
     return residues, losses
 
