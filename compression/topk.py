@@ -10,6 +10,9 @@ For every matrix-shaped layer with N elements and k = max(1, floor(ratio N))::
     e = acc - sparse_own           what this worker's message left out
 
 All layers of a bucket travel in one all-gather; each worker sends 64 k bits per layer per step.
+Of the entries tied with the k-th largest |acc|, S keeps the first, and the message lists S in
+index order: the C kernel (float32 on CPU, :mod:`compression._topk_kernel`) and the torch ops
+(elsewhere) send the same bits.
 
 Levels: the fraction ``ratio`` in (0, 1] of each layer's elements kept. Where this differs from
 the Accordion authors' code: theirs SUMMED the workers' sparse tensors and had no error
@@ -24,7 +27,9 @@ from typing import Any
 
 import torch
 
+from compression import _topk_kernel as _kernel
 from compression import register
+from compression._native import usable
 from compression.base import Compressor, Layer, Scratch, Sent
 from compression.comm import Comm, Steps
 from engine.errors import check_ratio
@@ -72,6 +77,18 @@ def top_k_indices(a: torch.Tensor, k: int, scratch: Scratch | None = None) -> to
     return torch.cat([candidates[above], candidates[rest]])
 
 
+def kept_indices(key: torch.Tensor, k: int, scratch: Scratch | None = None) -> torch.Tensor:
+    """S in ascending order: the indices of the ``k`` largest entries of the 1-D tensor
+    ``key``; of the entries equal to the k-th largest, the first ones (the C kernel's rule)."""
+    threshold = key[top_k_indices(key, k, scratch)].min()  # T = the k-th largest
+    n = key.numel()
+    keep = torch.gt(key, threshold, out=scratch.take("kept", n, key, torch.bool)) if scratch \
+        else key > threshold
+    tied = (key == threshold).nonzero().squeeze(1)
+    keep[tied[:k - int(keep.count_nonzero())]] = True   # the first entries equal to T
+    return keep.nonzero().squeeze(1)
+
+
 @register("topk")
 class TopK(Compressor):
     """Keep the ``ratio`` largest-magnitude entries of each layer's error-corrected gradient."""
@@ -91,27 +108,60 @@ class TopK(Compressor):
     def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
         world = comm.world_size
         ks = [max(1, math.floor(layer.level * layer.grad.numel())) for layer in layers]
-        message = torch.empty(2 * sum(ks), dtype=torch.int32, device=layers[0].grad.device)
+        # The message and the gather outlive the yield, and the next bucket may start before
+        # this one's gather completes: one pair of buffers per worker and bucket (its first
+        # layer's record).
+        message = self._scratch.take("message", 2 * sum(ks), layers[0].grad, torch.int32,
+                                     owner=layers[0])
         offset = 0
         for layer, k in zip(layers, ks, strict=True):
-            grad = layer.grad.view(-1)
-            if "error" not in layer.memory:
-                layer.memory["error"] = torch.zeros_like(grad)
-            acc = layer.memory["error"].add_(grad)      # acc = g + e
-            magnitude = torch.abs(acc, out=self._scratch.take("abs", acc.numel(), acc))
-            index = top_k_indices(magnitude, k, self._scratch)  # S = the k largest |acc|
-            torch.index_select(acc, 0, index, out=message[offset:offset + k].view(acc.dtype))
-            message[offset + k:offset + 2 * k].copy_(index)  # message: values, then indices
-            acc.index_fill_(0, index, 0)                # e = acc - sparse_own
+            self._compress(layer, k, message[offset:offset + 2 * k])
             offset += 2 * k
 
-        parts = (yield comm.all_gather(message)).view(world, -1)
+        gathered = self._scratch.take("gathered", world * message.numel(), message,
+                                      owner=layers[0])
+        parts = (yield comm.all_gather(message, gathered)).view(world, -1)
 
         offset = 0
         for layer, k in zip(layers, ks, strict=True):
-            values = parts[:, offset:offset + k].reshape(-1).view(layer.grad.dtype)
-            index = parts[:, offset + k:offset + 2 * k].reshape(-1)
-            out = layer.grad.view(-1).zero_()
-            out.index_add_(0, index, values, alpha=1 / world)  # (1/W) sum_w sparse_w
+            self._decompress(layer.grad.view(-1), parts[:, offset:offset + 2 * k], k)
             offset += 2 * k
         return [Sent(VALUE_AND_INDEX_BITS * k, VALUE_AND_INDEX_BITS * k) for k in ks]
+
+    def _compress(self, layer: Layer, k: int, message: torch.Tensor) -> None:
+        """acc = g + e; S = the k largest |acc|; ``message`` (2k int32) = fp32 acc[S], then S
+        (ascending); e = acc - sparse_own.
+
+        On contiguous float32 CPU tensors the C kernel does it (:mod:`compression.
+        _topk_kernel`); elsewhere, or without a C compiler, the eager torch ops below do, with
+        bit-identical results.
+        """
+        grad = layer.grad.view(-1)
+        if "error" not in layer.memory:
+            layer.memory["error"] = torch.zeros_like(grad)
+        error = layer.memory["error"]
+        lib = (_kernel.kernel() if usable(torch.float32, error, grad)
+               and usable(torch.int32, message) else None)
+        if lib is not None:
+            workspace = self._scratch.take("histogram", _kernel.HISTOGRAM, grad, torch.int32)
+            _kernel.compress(lib, error, grad, k, message, workspace)
+            return
+        acc = error.add_(grad)                          # acc = g + e
+        key = torch.bitwise_and(acc.view(torch.int32), 0x7FFFFFFF,  # |acc| as ordered bits
+                                out=self._scratch.take("key", acc.numel(), acc, torch.int32))
+        index = kept_indices(key, k, self._scratch)     # S = the k largest |acc|
+        torch.index_select(acc, 0, index, out=message[:k].view(acc.dtype))
+        message[k:].copy_(index)                        # message: values, then indices
+        acc.index_fill_(0, index, 0)                    # e = acc - sparse_own
+
+    @staticmethod
+    def _decompress(out: torch.Tensor, parts: torch.Tensor, k: int) -> None:
+        """``out`` = (1/W) sum_w sparse_w from every worker's message (rows of ``parts``)."""
+        world = parts.shape[0]
+        lib = _kernel.kernel() if usable(torch.float32, out) else None
+        if lib is not None:
+            _kernel.decompress(lib, out, parts, k)
+            return
+        values = parts[:, :k].reshape(-1).view(out.dtype)
+        index = parts[:, k:].reshape(-1)
+        out.zero_().index_add_(0, index, values, alpha=1 / world)  # (1/W) sum_w sparse_w
