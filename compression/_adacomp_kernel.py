@@ -158,78 +158,84 @@ AVX2 static inline __m256i first_lanes(int64_t len) {
 /* bin_scalar, eight lanes at a time. The first sweep stores G (its G_q owed) and takes the
    max; the second reads G back from L1. The bin's last group may be short: its lanes past the
    bin load dW as 0 and keep their residue (the residue has room for 8 more elements). */
+/* One group of the selection: the lanes in valid with |H| >= g_max(i) and G != 0 are sent;
+   their signed indices (k: index + 1 per lane) go to out + *count; returns the sent bits. */
+AVX2 static inline uint32_t select8(__m256 big_g, __m256 dw, __m256i valid, __m256i vm,
+                                    __m256i k, int32_t *out, int64_t *count) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i gb = _mm256_castps_si256(big_g);
+    __m256i abs_h = _mm256_and_si256(_mm256_castps_si256(_mm256_add_ps(big_g, dw)),
+                                     abs_mask);                          /* |H| = |G + dW| */
+    __m256i send = _mm256_andnot_si256(                      /* |H| >= g_max(i), G != 0 */
+        _mm256_or_si256(_mm256_cmpgt_epi32(vm, abs_h),
+                        _mm256_cmpeq_epi32(_mm256_and_si256(gb, abs_mask),
+                                           _mm256_setzero_si256())), valid);
+    uint32_t sent = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(send));
+    __m256i neg = _mm256_srai_epi32(gb, 31);
+    __m256i signed_k = _mm256_sub_epi32(_mm256_xor_si256(k, neg), neg);
+    __m256i order = _mm256_loadu_si256((const __m256i *)PACK[sent]);
+    _mm256_storeu_si256((__m256i *)(out + *count), _mm256_permutevar8x32_epi32(signed_k, order));
+    *count += __builtin_popcount(sent);
+    return sent;
+}
+
+/* bin_scalar, eight lanes at a time. The first sweep stores G (its G_q owed) and takes the
+   max; the second reads G back from L1. The bin's last group may be short: its lanes past the
+   bin load dW as 0 and keep their residue (the residue has room for 8 more elements). */
 AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
         float *residue, const float *grad, uint8_t *owed, __m256i sp, int64_t start,
         int64_t end, int soft, float *g_max, int32_t *out) {
-    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), zero = _mm256_setzero_si256();
-    const int64_t n_groups = groups(end - start), last = n_groups - 1;
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    const int64_t last = groups(end - start) - 1;
     const __m256i tail = first_lanes(end - start - 8 * last);
-    __m256i vmax = zero;
-    for (int64_t g = 0; g < n_groups; ++g) {
-        float *r = residue + start + 8 * g;
-        const float *dw = grad + start + 8 * g;
-        __m256 stored = _mm256_loadu_ps(r);
-        __m256 big_g;
-        if (g < last) {
-            big_g = _mm256_add_ps(settled8(stored, owed[g], sp), _mm256_loadu_ps(dw));
-            stored = big_g;
-        } else {                                             /* lanes past the bin: G = 0 */
-            big_g = _mm256_and_ps(_mm256_add_ps(settled8(stored, owed[g], sp),
-                                                _mm256_maskload_ps(dw, tail)),
-                                  _mm256_castsi256_ps(tail));
-            stored = _mm256_blendv_ps(stored, big_g, _mm256_castsi256_ps(tail));
-        }
-        _mm256_storeu_ps(r, stored);                         /* G = residue + dW */
+    float *r = residue + start;
+    const float *dw = grad + start;
+    __m256i vmax = _mm256_setzero_si256();
+    for (int64_t g = 0; g < last; ++g) {
+        __m256 big_g = _mm256_add_ps(settled8(_mm256_loadu_ps(r + 8 * g), owed[g], sp),
+                                     _mm256_loadu_ps(dw + 8 * g));
+        _mm256_storeu_ps(r + 8 * g, big_g);                  /* G = residue + dW */
         vmax = _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_castps_si256(big_g), abs_mask));
     }
+    __m256 stored = _mm256_loadu_ps(r + 8 * last);           /* lanes past the bin: G = 0 */
+    __m256 dw_tail = _mm256_maskload_ps(dw + 8 * last, tail);
+    __m256 g_tail = _mm256_and_ps(_mm256_add_ps(settled8(stored, owed[last], sp), dw_tail),
+                                  _mm256_castsi256_ps(tail));
+    _mm256_storeu_ps(r + 8 * last, _mm256_blendv_ps(stored, g_tail, _mm256_castsi256_ps(tail)));
+    vmax = _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_castps_si256(g_tail), abs_mask));
     __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(vmax), _mm256_extracti128_si256(vmax, 1));
     m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4e));
     m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0xb1));
     uint32_t m = (uint32_t)_mm_cvtsi128_si32(m4);
     memcpy(g_max, &m, 4);                                    /* g_max(i) = max |G| over bin */
     if (!(*g_max > 0.0f) || !soft) {                         /* bin of zeros (or NaN): none */
-        memset(owed, 0, (size_t)n_groups);
+        memset(owed, 0, (size_t)(last + 1));
         if (!(*g_max > 0.0f)) return 0;
         const __m256i vm = _mm256_broadcastd_epi32(m4);      /* hard LS: first argmax |G| */
         for (int64_t g = 0;; ++g) {
-            __m256i abs_g = _mm256_and_si256(_mm256_castps_si256(
-                _mm256_loadu_ps(residue + start + 8 * g)), abs_mask);
+            __m256i abs_g = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(r + 8 * g)),
+                                             abs_mask);
             uint32_t hit = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(
                 _mm256_cmpeq_epi32(abs_g, vm)));
             if (g == last) hit &= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(tail));
             if (hit) {
                 int lane = __builtin_ctz(hit);
                 owed[g] = (uint8_t)(1u << lane);
-                out[0] = signed_index((int32_t)(start + 8 * g + lane) + 1,
-                                      residue[start + 8 * g + lane]);
+                out[0] = signed_index((int32_t)(start + 8 * g + lane) + 1, r[8 * g + lane]);
                 return 1;
             }
         }
     }
 
     const __m256i vm = _mm256_broadcastd_epi32(m4), eight = _mm256_set1_epi32(8);
+    const __m256i all = _mm256_set1_epi32(-1);
     __m256i k = _mm256_add_epi32(_mm256_set1_epi32((int32_t)start),   /* index + 1 */
                                  _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8));
     int64_t count = 0;
-    for (int64_t g = 0; g < n_groups; ++g, k = _mm256_add_epi32(k, eight)) {
-        const float *r = residue + start + 8 * g, *dw = grad + start + 8 * g;
-        __m256i valid = g < last ? _mm256_set1_epi32(-1) : tail;
-        __m256 big_g = _mm256_loadu_ps(r);                              /* G, stored above */
-        __m256 h = _mm256_add_ps(big_g, g < last ? _mm256_loadu_ps(dw)
-                                                 : _mm256_maskload_ps(dw, tail));  /* G + dW */
-        __m256i gb = _mm256_castps_si256(big_g);
-        __m256i abs_h = _mm256_and_si256(_mm256_castps_si256(h), abs_mask);
-        __m256i send = _mm256_andnot_si256(                  /* |H| >= g_max(i), G != 0 */
-            _mm256_or_si256(_mm256_cmpgt_epi32(vm, abs_h),
-                            _mm256_cmpeq_epi32(_mm256_and_si256(gb, abs_mask), zero)), valid);
-        uint32_t sent = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(send));
-        owed[g] = (uint8_t)sent;
-        __m256i neg = _mm256_srai_epi32(gb, 31);
-        __m256i signed_k = _mm256_sub_epi32(_mm256_xor_si256(k, neg), neg);
-        __m256i order = _mm256_loadu_si256((const __m256i *)PACK[sent]);
-        _mm256_storeu_si256((__m256i *)(out + count), _mm256_permutevar8x32_epi32(signed_k, order));
-        count += __builtin_popcount(sent);
-    }
+    for (int64_t g = 0; g < last; ++g, k = _mm256_add_epi32(k, eight))
+        owed[g] = (uint8_t)select8(_mm256_loadu_ps(r + 8 * g), _mm256_loadu_ps(dw + 8 * g),
+                                   all, vm, k, out, &count);
+    owed[last] = (uint8_t)select8(g_tail, dw_tail, tail, vm, k, out, &count);
     return count;
 }
 
