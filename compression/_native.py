@@ -1,5 +1,6 @@
 """Small C kernels for the compressors' CPU hot loops: built once, cached, loaded with ctypes.
 
+Each kernel's source follows :data:`PRELUDE` (headers, ``X86``, ``use_avx2()``).
 A kernel is plain C (no torch headers, no ninja): it compiles in a fraction of a second with the
 system C compiler and is cached as ``$XDG_CACHE_HOME/accordion-bench/<name>_<hash>.so``, keyed
 by the hash of its source, compiler and flags (older builds of the same kernel are removed).
@@ -26,6 +27,30 @@ FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11", "-ffp-contract=off", "-fno-fas
 
 Signature = tuple[list[Any], Any]  # ctypes argtypes, restype
 
+# What every kernel's C source starts with: the headers, X86 where the AVX2 code paths can be
+# built, and use_avx2(): whether to take them (the CPU has AVX2, and PORTABLE_ENV is not set:
+# the tests' way to run the portable loops on any machine).
+PORTABLE_ENV = "ACCORDION_BENCH_PORTABLE"
+PRELUDE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define X86 1
+#endif
+static int use_avx2(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        cached = 0;
+#ifdef X86
+        cached = __builtin_cpu_supports("avx2") && !getenv("ACCORDION_BENCH_PORTABLE");
+#endif
+    }
+    return cached;
+}
+"""
+
 
 def cache_dir() -> Path:
     """Where built kernels are kept."""
@@ -36,7 +61,7 @@ class Library:
     """The kernel ``name`` built from C ``source``, exporting ``functions`` (name: signature)."""
 
     def __init__(self, name: str, source: str, functions: dict[str, Signature]) -> None:
-        self.name, self.source, self.functions = name, source, functions
+        self.name, self.source, self.functions = name, PRELUDE + source, functions
         self._lib: ctypes.CDLL | None = None
         self._tried = False
 

@@ -32,8 +32,6 @@ from compression._native import Library
 HISTOGRAM = (1 << 16) + (1 << 15)  # int32 words of workspace: the high and the low histogram
 
 SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
 
 #define HIGH (1 << 16)            /* buckets of the top 16 bits of |acc| (bits 30..15) */
 #define LOW (1 << 15)             /* buckets of the low 15 bits, within one high bucket */
@@ -42,10 +40,6 @@ static inline int32_t key(float x) {  /* |x| as ordered bits: exponent, then man
     uint32_t u; memcpy(&u, &x, 4); return (int32_t)(u & 0x7fffffffu);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define X86 1
-#endif
 
 /* Pass 1: acc = g + e, stored in e; high[key(acc) >> 15] counts. */
 static void accumulate(float *error, const float *grad, int64_t n, int32_t *high) {
@@ -138,7 +132,7 @@ static int64_t emit_avx2(float *acc, int64_t n, int32_t t, int64_t *ties, int64_
 void topk_compress(float *error, const float *grad, int64_t n, int64_t k, float *values,
                    int32_t *index, int32_t *workspace) {
 #ifdef X86
-    int avx2 = __builtin_cpu_supports("avx2");
+    int avx2 = use_avx2();
 #endif
     int32_t *high = workspace, *low = workspace + HIGH;
     accumulate(error, grad, n, high);

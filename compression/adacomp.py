@@ -26,17 +26,21 @@ Levels: the bin size L_T of the layer (an int >= 1); by default ``conv_bin_size`
 convolution kernels (ndim >= 3) and ``fc_bin_size`` for fully-connected, embedding and
 recurrent weights (ndim 2), the paper's 50 and 500.
 
+Wire format (ours): per layer the fp32 scale s, then two bits per element as two byte arrays,
+sent (bit set: sent) and sign (bit set: G < 0), a byte per group of 8 elements of a bin
+(:func:`~compression._adacomp_kernel.group_bytes`). The ternary values are dense, so every
+worker's message has the same length: all layers of a bucket go in one all-gather, with no
+length exchange, and the decompress is a streaming pass with no scatter.
+
 Accounting. ``bits``: the paper's encoding, n_sent x (8 if L_T < 64 else 16) bits (sparse
-indexed ternary values) + 32 for the scale, per layer per step. ``wire_bits``: our own message,
-which is simpler: per layer an int32 count, the fp32 scale, and one int32 per sent element (its
-index + 1, negated when the sign is negative), all layers of a bucket in one variable-length
-all-gather (exchange the lengths, then a gather padded to the longest message); the length word
-and the padding are counted with the bucket's first layer.
+indexed ternary values) + 32 for the scale, per layer per step. ``wire_bits``: our message, 32
++ 16 x group_bytes per layer (about 2 bits per element: less than the paper's encoding above
+1/4 (L_T < 64) or 1/8 of the elements sent, more below), the padding of the bucket's message
+to whole words counted with its first layer.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import Any
 
@@ -44,12 +48,41 @@ import torch
 
 from compression import _adacomp_kernel as _kernel
 from compression import register
+from compression._adacomp_kernel import group_bytes
 from compression._native import usable
 from compression.base import Compressor, Layer, Scratch, Sent
-from compression.comm import Comm, Steps, all_gather_varlen
+from compression.comm import Comm, Steps
 from engine.errors import check_bool, check_int
 
-WORD_BITS = 32  # int32 / fp32 words of our wire format
+WORD_BITS = 32  # the fp32 scale of our wire format
+LANE_BITS = [1 << lane for lane in range(8)]
+
+
+def _grouped(n: int, bin_size: int) -> tuple[int, int]:
+    """Bins of a layer of ``n`` elements, and bytes (groups of 8) per bin."""
+    return math.ceil(n / bin_size), math.ceil(bin_size / 8)
+
+
+def pack_groups(mask: torch.Tensor, n: int, bin_size: int) -> torch.Tensor:
+    """The bits of the flat bool ``mask`` (``n`` elements, maybe padded to whole bins), a byte
+    per group of 8 elements of a bin: :func:`~compression._adacomp_kernel.group_bytes` bytes."""
+    bins, per_bin = _grouped(n, bin_size)
+    elements = mask.new_zeros(bins * bin_size)
+    elements[:n] = mask[:n]
+    padded = mask.new_zeros(bins * per_bin * 8)
+    padded.view(bins, per_bin * 8)[:, :bin_size] = elements.view(bins, bin_size)
+    lanes = torch.tensor(LANE_BITS, dtype=torch.uint8, device=mask.device)
+    return (padded.view(-1, 8) * lanes).sum(1, dtype=torch.uint8)[:group_bytes(n, bin_size)]
+
+
+def unpack_groups(packed: torch.Tensor, n: int, bin_size: int) -> torch.Tensor:
+    """The flat bool mask of ``n`` elements whose bits :func:`pack_groups` packed."""
+    bins, per_bin = _grouped(n, bin_size)
+    whole = packed.new_zeros(bins * per_bin)
+    whole[:packed.numel()] = packed
+    lanes = torch.tensor(LANE_BITS, dtype=torch.uint8, device=packed.device)
+    bits = (whole[:, None] & lanes) != 0
+    return bits.view(bins, per_bin * 8)[:, :bin_size].reshape(-1)[:n]
 
 
 @register("adacomp")
@@ -73,90 +106,86 @@ class AdaComp(Compressor):
 
     def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
         world, n_layers = comm.world_size, len(layers)
-        owner = layers[0]                           # this worker's bucket
-        # The message: [count per layer | s per layer | each layer's signed indices], written
-        # in place into a buffer with room for every element of every layer.
-        room = self._scratch.take("message", 2 * n_layers + sum(x.grad.numel() for x in layers)
-                                  + _kernel.SLACK, layers[0].grad, torch.int32, owner=owner)
-        counts, scales = self._compress(layers, room[2 * n_layers:])
-        end = 2 * n_layers + sum(counts)
-        room[:n_layers].copy_(torch.tensor(counts, dtype=torch.int32))
-        room[n_layers:2 * n_layers].copy_(torch.stack(scales).to(torch.float32).view(torch.int32))
-
-        def gathered(numel: int) -> torch.Tensor:  # messages vary: room for 25% more at once
-            return self._scratch.take("gathered", numel, room, owner=owner,
-                                      reserve=min(numel * 5 // 4, world * room.numel()))
-
-        parts = yield from all_gather_varlen(comm, room[:end], room, gathered)
-        self._decompress(layers, parts)
-
-        longest = max(p.numel() for p in parts)
-        sent = [Sent(c * (8 if layer.level < 64 else 16) + WORD_BITS, WORD_BITS * (2 + c))
-                for layer, c in zip(layers, counts, strict=True)]
-        overhead = WORD_BITS * (1 + longest - end)  # length word + padding
-        sent[0] = Sent(sent[0].bits, sent[0].wire_bits + overhead)
+        sizes = [group_bytes(x.grad.numel(), x.level) for x in layers]
+        offsets = [4 * n_layers + 2 * sum(sizes[:j]) for j in range(n_layers)]
+        length = 4 * math.ceil((4 * n_layers + 2 * sum(sizes)) / 4)  # whole fp32 words
+        # The message (the same length on every worker): s per layer (fp32), then each
+        # layer's sent bytes and sign bytes; this worker's bucket owns the buffers.
+        message = self._scratch.take("message", length, layers[0].grad, torch.uint8,
+                                     owner=layers[0])
+        message[offsets[-1] + 2 * sizes[-1]:].zero_()  # the padding
+        counts, scales = self._compress(layers, message, offsets)
+        message[:4 * n_layers].view(torch.float32).copy_(torch.stack(scales))
+        gathered = self._scratch.take("gathered", world * length, message, owner=layers[0])
+        parts = (yield comm.all_gather(message, gathered)).view(world, length)
+        self._decompress(layers, parts, offsets)
+        sent = [Sent(c * (8 if layer.level < 64 else 16) + WORD_BITS, WORD_BITS + 16 * size)
+                for layer, c, size in zip(layers, counts, sizes, strict=True)]
+        padding = 8 * (length - 4 * n_layers - 2 * sum(sizes))  # counted with the first layer
+        sent[0] = Sent(sent[0].bits, sent[0].wire_bits + padding)
         return sent
 
-    def _compress(self, layers: list[Layer], into: torch.Tensor
+    def _compress(self, layers: list[Layer], message: torch.Tensor, offsets: list[int]
                   ) -> tuple[list[int], list[torch.Tensor]]:
-        """Update every layer's residue; write the sent elements' signed indices (index + 1,
-        negated when G < 0) to ``into``, layer after layer; return how many each layer sent,
-        and each layer's s.
+        """Update every layer's residue; write its sent bytes and sign bytes (see
+        :func:`~compression._adacomp_kernel.group_bytes`) to ``message`` from ``offsets[l]``;
+        return how many each layer sent, and each layer's s.
 
         On contiguous float32 CPU tensors the C kernel does it in one pass per bin (:mod:`
         compression._adacomp_kernel`), leaving the sent elements' G_q owed until the next step
         (see :meth:`settle`); elsewhere, or without a C compiler, the eager torch ops of
-        :meth:`_select_eager` do, with bit-identical results. ``into`` has room for every
-        element plus ``_kernel.SLACK``.
+        :meth:`_select_eager` do, with bit-identical results.
         """
         grads = [layer.grad.view(-1) for layer in layers]
         residues = [self._residue(layer) for layer in layers]
         lib = (_kernel.kernel() if usable(torch.float32, *grads, *residues)
-               and usable(torch.int32, into) else None)
+               and message.device.type == "cpu" else None)
         if lib is None:
-            counts, scales, end = [], [], 0
-            for layer, g, grad in zip(layers, residues, grads, strict=True):
+            counts, scales = [], []
+            for layer, g, grad, at in zip(layers, residues, grads, offsets, strict=True):
                 self.settle(layer)
-                signed, scale = self._select_eager(g, grad, layer.level)
-                into[end:end + signed.numel()].copy_(signed)
-                end += signed.numel()
-                counts.append(signed.numel())
+                sent, negative, scale = self._select_eager(g, grad, layer.level)
+                size = group_bytes(grad.numel(), layer.level)
+                message[at:at + size] = pack_groups(sent, grad.numel(), layer.level)
+                message[at + size:at + 2 * size] = pack_groups(negative, grad.numel(),
+                                                               layer.level)
+                counts.append(int(sent.count_nonzero()))
                 scales.append(scale)
             return counts, scales
         bins = [math.ceil(grad.numel() / layer.level) for layer, grad in zip(layers, grads,
                                                                              strict=True)]
         g_max = self._scratch.take("g_max", sum(bins), grads[0])
-        owed = [self._owed(lib, layer) for layer in layers]
+        owed = [self._owed(layer) for layer in layers]
         s_prev = torch.stack([layer.memory["scale"] for layer in layers])
-        # Alg. 2: G = residue + dW, g_max(i), the sent elements' signed indices; G_q owed
+        # Alg. 2: G = residue + dW, g_max(i), the sent elements' bits; G_q owed
         counts = _kernel.compress(lib, residues, grads, [x.level for x in layers],
-                                  self.soft_threshold, owed, s_prev, g_max, into)
+                                  self.soft_threshold, owed, s_prev, g_max, message, offsets)
         scales = [m.mean() for m in g_max.split(bins)]  # s = mean_i g_max(i), as eager
         for layer, scale in zip(layers, scales, strict=True):
             layer.memory["scale"] = scale
         return counts, scales
 
     @staticmethod
-    def _decompress(layers: list[Layer], parts: list[torch.Tensor]) -> None:
-        """Every ``layer.grad`` = (1/W) sum_w G_q,w, from the workers' messages ``parts``."""
-        world, n_layers = len(parts), len(layers)
-        heads = torch.stack([p[:2 * n_layers] for p in parts]).cpu()  # (W, 2 * layers)
-        all_counts = heads[:, :n_layers]
-        all_scales = heads[:, n_layers:].contiguous().view(torch.float32) / world  # s_w / W
-        starts = 2 * n_layers + all_counts.cumsum(1) - all_counts
+    def _decompress(layers: list[Layer], parts: torch.Tensor, offsets: list[int]) -> None:
+        """Every ``layer.grad`` = (1/W) sum_w G_q,w, from the workers' messages (rows of
+        ``parts``)."""
+        world, n_layers = parts.shape[0], len(layers)
+        values = (parts[:, :4 * n_layers].contiguous().view(torch.float32) / world).T  # s_w / W
         outs = [layer.grad.view(-1) for layer in layers]
-        lib = _kernel.kernel() if usable(torch.float32, *outs) else None
+        lib = (_kernel.kernel() if usable(torch.float32, *outs) and parts.device.type == "cpu"
+               and parts.is_contiguous() else None)
         if lib is not None:                         # out = sum_w sign s_w / W, in one pass
-            _kernel.decompress(lib, outs, parts, starts.T, all_counts.T, all_scales.T)
+            _kernel.decompress(lib, outs, [x.level for x in layers], parts, offsets,
+                               values.cpu())
             return
-        starts_list, count_list = starts.tolist(), all_counts.tolist()
-        for j, out in enumerate(outs):
+        for layer, out, at, value in zip(layers, outs, offsets, values, strict=True):
+            n, size = out.numel(), group_bytes(out.numel(), layer.level)
             out.zero_()
-            received = torch.cat([parts[w][starts_list[w][j]:starts_list[w][j] + count_list[w][j]]
-                                  for w in range(world)])
-            scale = torch.repeat_interleave(all_scales[:, j], all_counts[:, j]).to(out.device)
-            values = received.sign().to(out.dtype) * scale        # G_q / W of each worker
-            out.index_add_(0, received.abs() - 1, values)         # (1/W) sum_w G_q,w
+            for w in range(world):                  # (1/W) sum_w G_q,w, in worker order
+                sent = unpack_groups(parts[w, at:at + size], n, layer.level)
+                negative = unpack_groups(parts[w, at + size:at + 2 * size], n, layer.level)
+                g_q = torch.where(negative, -value[w], value[w]).to(out.dtype)
+                out.add_(torch.where(sent, g_q, 0.0))
 
     def settle(self, layer: Layer) -> None:
         """Take the owed G_q off the residue (residue = G - sign(G) s where last sent): the
@@ -171,22 +200,21 @@ class AdaComp(Compressor):
             kernel.adacomp_settle(residue.data_ptr(), math.prod(layer.shape), int(bin_size),
                                   owed.data_ptr(), scale.item())
 
-    def _owed(self, lib: ctypes.CDLL, layer: Layer) -> torch.Tensor:
-        """The layer's owed bitmap for its bin size (zeros, and s = 0, at first)."""
+    def _owed(self, layer: Layer) -> torch.Tensor:
+        """The layer's owed bits for its bin size (zeros, and s = 0, at first)."""
         if "owed" in layer.memory and int(layer.memory["owed_bin_size"]) != layer.level:
             self.settle(layer)                      # owed bits are laid out by bin
         if "owed" not in layer.memory:
-            n = math.prod(layer.shape)
-            layer.memory["owed"] = torch.zeros(lib.adacomp_owed_bytes(n, layer.level),
-                                               dtype=torch.uint8)
+            size = group_bytes(math.prod(layer.shape), layer.level)
+            layer.memory["owed"] = torch.zeros(size, dtype=torch.uint8)
             layer.memory["owed_bin_size"] = torch.tensor(layer.level)
             layer.memory["scale"] = torch.zeros(())
         return layer.memory["owed"]
 
     def _select_eager(self, g: torch.Tensor, grad: torch.Tensor, bin_size: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Alg. 2 for one layer in torch ops (any device): ``g`` is its residue, padded to
-        whole bins; returns the sent elements' signed indices and s."""
+        whole bins; returns the sent elements and those with G < 0 (bool, as ``g``), and s."""
         n, bins = grad.numel(), g.numel() // bin_size
         g[:n] += grad                               # G = residue + dW
         abs_g = torch.abs(g, out=self._scratch.take("h", g.numel(), g)).view(bins, bin_size)
@@ -196,20 +224,16 @@ class AdaComp(Compressor):
             h = abs_g.view(-1)                      # |G| no longer needed: reuse it for |H|
             torch.add(g[:n], grad, out=h[:n])       # H = G + dW (padding: H = G = 0)
             threshold = g_max.masked_fill(g_max == 0, math.inf)  # a bin of zeros sends none
-            mask = self._scratch.take("mask", g.numel(), g, torch.bool)
-            torch.ge(h.abs_().view(bins, bin_size), threshold[:, None],
-                     out=mask.view(bins, bin_size))  # |H| >= g_max(i)
-            index = mask.nonzero().squeeze(1)
-        else:
-            start = torch.arange(bins, device=grad.device) * bin_size
-            index = (start + abs_g.argmax(dim=1))[g_max > 0]  # hard Local Selection
-        sign = torch.index_select(g, 0, index).sign_()
-        if not bool(sign.all()):                    # G = 0 quantizes to 0: nothing to send
-            keep = sign != 0
-            index, sign = index[keep], sign[keep]
-        signed = (index.to(torch.int32) + 1) * sign.to(torch.int32)
-        g.index_add_(0, index, sign.mul_(scale), alpha=-1)  # residue = G - G_q where sent
-        return signed, scale
+            sent = torch.ge(h.abs_().view(bins, bin_size), threshold[:, None]).view(-1)
+        else:                                       # hard Local Selection
+            sent = torch.zeros_like(g, dtype=torch.bool)
+            first = torch.arange(bins, device=g.device) * bin_size + abs_g.argmax(dim=1)
+            sent[first[g_max > 0]] = True
+        sent &= g != 0                              # G = 0 quantizes to 0: nothing to send
+        negative = sent & (g < 0)
+        g_q = torch.where(negative, -scale, scale)  # G_q = sign(G) s
+        g.sub_(torch.where(sent, g_q, 0.0))         # residue = G - G_q where sent
+        return sent, negative, scale
 
     def _residue(self, layer: Layer) -> torch.Tensor:
         """The layer's residue (zeros at first), flat and zero-padded to whole bins (stored

@@ -10,6 +10,8 @@ import logging
 import math
 import os
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -18,12 +20,14 @@ import torch
 
 import compression
 from compression import _adacomp_kernel as adacomp_kernel
-from compression.adacomp import AdaComp
+from compression._native import PORTABLE_ENV
+from compression.adacomp import AdaComp, pack_groups, unpack_groups
 from compression.base import Layer
+from compression.comm import SimComm, Steps, all_gather_varlen, drive
 from compression.powersgd import initial_q
 from compression.topk import SAMPLE, top_k_indices
 from engine.errors import ConfigError
-from tests.conftest import assert_same_bits, bits_of, simulate_run, without_a_compiler
+from tests.conftest import ROOT, assert_same_bits, bits_of, simulate_run, without_a_compiler
 
 WORKERS = (1, 2, 3)
 SHAPES = ((6, 40), (8, 3, 3, 3), (50, 20), (30, 7))
@@ -170,6 +174,34 @@ def test_adacomp_bin_size_by_layer_kind() -> None:
     assert_outputs(got, ref_adacomp(steps, 9)[0])
 
 
+# ---- shared plumbing: variable-length exchange --------------------------------------------
+@pytest.mark.parametrize("lend", [False, True], ids=["fresh", "lent-buffers"])
+def test_all_gather_varlen_returns_every_message(lend: bool) -> None:
+    messages = [torch.arange(n, dtype=torch.int32) + 10 * w for w, n in enumerate([3, 0, 5])]
+    rooms = [torch.full((8,), -1, dtype=torch.int32) for _ in messages]
+    outs: list[torch.Tensor] = []
+
+    def steps(w: int) -> Steps[list[torch.Tensor]]:
+        if not lend:
+            return (yield from all_gather_varlen(comms[w], messages[w]))
+        rooms[w][:messages[w].numel()] = messages[w]
+
+        def out(numel: int) -> torch.Tensor:
+            outs.append(torch.empty(numel, dtype=torch.int32))
+            return outs[-1]
+
+        return (yield from all_gather_varlen(comms[w], rooms[w][:messages[w].numel()],
+                                             rooms[w], out))
+
+    comms = SimComm.group(3)
+    futures = [drive(steps(w)) for w in range(3)]
+    for fut in futures:
+        assert [p.tolist() for p in fut.value()] == [m.tolist() for m in messages]
+    if lend:  # padded in place to the longest message, gathered into the lent buffers
+        assert rooms[1][:5].tolist() == [0] * 5 and len(outs) == 3
+        assert all(o.numel() == 15 for o in outs)
+
+
 # ---- AdaComp's C kernel: bit-identical to the eager torch path -----------------------------
 def adacomp_grads(shape: tuple[int, ...], workers: int, steps: int, bin_size: int
                   ) -> list[list[torch.Tensor]]:
@@ -219,22 +251,23 @@ def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_si
             layer.grad = g.clone()
             layer.memory["residue"][1] = 100.0            # G = 0, |H| = 100 >= g_max: not sent
             layer.grad.view(-1)[1] = -100.0
-            into = torch.empty(layer.grad.numel() + adacomp_kernel.SLACK, dtype=torch.int32)
-            [count], [scale] = compressor._compress([layer], into)
+            message = torch.full((2 * size,), 0xAA, dtype=torch.uint8)
+            [count], [scale] = compressor._compress([layer], message, [0])
             residue = None
             if t in (2, len(grads) - 1):                  # the steps between: G_q stays owed
                 compressor.settle(layer)
                 residue = layer.memory["residue"].clone()
-            out.append((into[:count].clone(), scale, residue))
+            out.append((message, count, scale, residue))
         return out
 
+    size = adacomp_kernel.group_bytes(math.prod(shape), bin_size)
     fused = run()
     eager_adacomp(monkeypatch)
-    for (signed, scale, residue), (signed_e, scale_e, residue_e) in zip(fused, run(),
-                                                                        strict=True):
-        assert signed.dtype == signed_e.dtype == torch.int32
-        assert torch.equal(signed, signed_e)
-        assert 2 not in signed.abs()                      # the G = 0 element
+    for (message, count, scale, residue), (message_e, count_e, scale_e, residue_e) in zip(
+            fused, run(), strict=True):
+        assert torch.equal(message, message_e) and count == count_e
+        sent = unpack_groups(message[:size], math.prod(shape), bin_size)
+        assert int(sent.sum()) == count and not sent[1]   # the G = 0 element is not sent
         assert torch.equal(bits_of(scale), bits_of(scale_e))
         assert (residue is None) == (residue_e is None)
         if residue is not None:
@@ -280,31 +313,56 @@ def test_adacomp_kernel_level_change_is_bitwise_the_eager_path(
         assert torch.equal(bits_of(out), bits_of(out_e))
 
 
-@pytest.mark.parametrize("received", [[1, 20000], [0], [5000, -4, 4097], [4097, 2]],
-                         ids=["past-the-end", "zero", "back-across-a-block", "descending"])
-def test_adacomp_decompress_rejects_a_bad_list(received: list[int]) -> None:
+@pytest.mark.parametrize(("n", "bin_size"), [(9000, 50), (9000, 4096), (3, 500), (77, 7)])
+def test_adacomp_decompress_sums_workers_in_order(n: int, bin_size: int) -> None:
+    # Two workers, two layers each: the group-byte layout (packed by the torch code) read by
+    # the kernel, with blocks, bins and short groups of several sizes.
     require_kernel()
-    out = torch.full((10000,), 7.0)
-    with pytest.raises(ValueError, match="out of range"):
-        adacomp_kernel.decompress(adacomp_kernel.kernel(), [out],
-                                  [torch.tensor(received, dtype=torch.int32)],
-                                  torch.tensor([[0]]), torch.tensor([[len(received)]]),
-                                  torch.tensor([[0.5]]))
+    gen = torch.Generator().manual_seed(n + bin_size)
+    sent = [torch.rand(2, n, generator=gen) < 0.3 for _ in range(2)]   # [layer][worker]
+    negative = [torch.rand(2, n, generator=gen) < 0.5 for _ in range(2)]
+    value = torch.tensor([[0.5, 0.25], [1.0, 3.0]])                     # [layer, worker]
+    size = adacomp_kernel.group_bytes(n, bin_size)
+    offsets = [4, 4 + 2 * size]
+    messages = torch.zeros(2, 4 + 4 * size, dtype=torch.uint8)
+    for layer, at in enumerate(offsets):
+        for w in range(2):
+            messages[w, at:at + size] = pack_groups(sent[layer][w], n, bin_size)
+            messages[w, at + size:at + 2 * size] = pack_groups(negative[layer][w], n, bin_size)
+    outs = [torch.full((n,), 7.0), torch.full((n,), 7.0)]
+    adacomp_kernel.decompress(adacomp_kernel.kernel(), outs, [bin_size, bin_size], messages,
+                              offsets, value)
+    for layer in range(2):
+        expected = torch.zeros(n)
+        for w in range(2):
+            g_q = torch.where(negative[layer][w], -value[layer, w], value[layer, w])
+            expected += torch.where(sent[layer][w], g_q, 0.0)
+        assert torch.equal(bits_of(outs[layer]), bits_of(expected))
 
 
-def test_adacomp_decompress_sums_workers_in_order() -> None:
-    # Two layers (9000 and 3 elements) from two workers; each message holds both lists.
+@pytest.mark.parametrize(("n", "bin_size"), [(100, 50), (101, 50), (5, 500), (64, 8), (9, 3)])
+def test_adacomp_group_bytes_round_trip(n: int, bin_size: int) -> None:
+    mask = torch.rand(n, generator=torch.Generator().manual_seed(n)) < 0.5
+    packed = pack_groups(mask, n, bin_size)
+    assert packed.numel() == adacomp_kernel.group_bytes(n, bin_size)
+    assert torch.equal(unpack_groups(packed, n, bin_size), mask)
+
+
+@pytest.mark.slow
+def test_portable_kernel_loops_are_bitwise_the_eager_path() -> None:
+    # Where the CPU has AVX2 the kernels take their AVX2 paths; with PORTABLE_ENV set they take
+    # their portable loops, which must pass the same bit-for-bit tests.
     require_kernel()
-    outs = [torch.full((9000,), 7.0), torch.full((3,), 7.0)]
-    messages = [torch.tensor(r, dtype=torch.int32)
-                for r in ([1, -5, 4097, 8999, -3], [-1, 5, 9000, 2, 3])]
-    adacomp_kernel.decompress(adacomp_kernel.kernel(), outs, messages,
-                              torch.tensor([[0, 0], [4, 3]]), torch.tensor([[4, 3], [1, 2]]),
-                              torch.tensor([[0.5, 0.25], [1.0, 2.0]]))
-    expected = torch.zeros(9000)
-    expected[[0, 4, 4096, 8998, 8999]] = torch.tensor([0.25, -0.25, 0.5, 0.5, 0.25])
-    assert torch.equal(outs[0], expected)
-    assert torch.equal(outs[1], torch.tensor([0.0, 2.0, 1.0]))
+    tests = ["tests/test_compression.py::" + name for name in (
+        "test_adacomp_kernel_is_bitwise_the_eager_path",
+        "test_adacomp_kernel_aggregate_is_bitwise_the_eager_path",
+        "test_adacomp_kernel_level_change_is_bitwise_the_eager_path",
+        "test_adacomp_decompress_sums_workers_in_order")] + ["tests/test_topk_kernel.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *tests], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, PORTABLE_ENV: "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
 
 
 def test_adacomp_kernel_builds_into_the_cache(tmp_path: Path,
