@@ -167,19 +167,20 @@ AVX2 static inline uint32_t select8(__m256 big_g, __m256 dw, __m256i valid, __m2
         _mm256_or_si256(_mm256_cmpgt_epi32(vm, abs_h),
                         _mm256_cmpeq_epi32(_mm256_and_si256(gb, abs_mask),
                                            _mm256_setzero_si256())), valid);
-    *sign = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_and_si256(send, gb)));
-    return (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(send));
+    uint32_t sent = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(send));
+    *sign = (uint32_t)_mm256_movemask_ps(big_g) & sent;
+    return sent;
 }
 
 /* bin_scalar, eight lanes at a time. The first sweep stores G (its G_q owed) and takes the
-   max; the second reads G back from L1. The bin's last group may be short: its lanes past the
-   bin load dW as 0 and keep their residue (the residue has room for 8 more elements). */
+   max; the second reads G back from L1. The bin's last group may be short (tail: its lanes in
+   the bin): its lanes past the bin load dW as 0 and keep their residue (the residue has room
+   for 8 more elements). */
 AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
         float *residue, const float *grad, uint8_t *owed, __m256i sp, int64_t start,
-        int64_t end, int soft, float *g_max, uint8_t *sent, uint8_t *sign) {
+        int64_t end, int soft, float *g_max, uint8_t *sent, uint8_t *sign, __m256i tail) {
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
     const int64_t last = groups(end - start) - 1;
-    const __m256i tail = first_lanes(end - start - 8 * last);
     float *r = residue + start;
     const float *dw = grad + start;
     __m256i vmax = _mm256_setzero_si256();
@@ -242,10 +243,14 @@ AVX2 static int64_t compress_avx2(float *residue, const float *grad, int64_t n,
                                   int64_t bin_size, int soft, uint8_t *owed, float s_prev,
                                   float *g_max, uint8_t *sent, uint8_t *sign) {
     const __m256i sp = _mm256_set1_epi32((int32_t)bits(s_prev));
-    int64_t count = 0, per_bin = groups(bin_size);
+    const int64_t per_bin = groups(bin_size), short_bin = n % bin_size;
+    const __m256i tail = first_lanes(bin_size - 8 * (per_bin - 1));  /* of a whole bin */
+    int64_t count = 0;
     FOR_EACH_BIN(n, bin_size)
         count += bin_avx2(residue, grad, owed + bin * per_bin, sp, start, end, soft,
-                          g_max + bin, sent + bin * per_bin, sign + bin * per_bin);
+                          g_max + bin, sent + bin * per_bin, sign + bin * per_bin,
+                          end - start == bin_size ? tail
+                              : first_lanes(short_bin - 8 * (groups(short_bin) - 1)));
     return count;
 }
 #endif
@@ -431,9 +436,9 @@ def pointers(tensors: list[torch.Tensor]) -> ctypes.Array:
     return (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
 
 
-def int64s(values: list[int] | torch.Tensor) -> torch.Tensor:
-    """A contiguous int64 CPU tensor of ``values``."""
-    return torch.as_tensor(values, dtype=torch.int64).contiguous()
+def int64s(values: list[int]) -> ctypes.Array:
+    """``values`` as a C array of int64."""
+    return (ctypes.c_int64 * len(values))(*values)
 
 
 def compress(lib: ctypes.CDLL, residues: list[torch.Tensor], grads: list[torch.Tensor],
@@ -443,14 +448,14 @@ def compress(lib: ctypes.CDLL, residues: list[torch.Tensor], grads: list[torch.T
     ``message[offsets[l]:]``, its sign bytes right after, and its bins' g_max to ``g_max``,
     layer after layer. Returns how many each layer sent. ``s_prev``: each layer's s of the last
     step (float32)."""
-    sizes = int64s([group_bytes(g.numel(), b) for g, b in zip(grads, bin_sizes, strict=True)])
-    numels, bins, starts = int64s([g.numel() for g in grads]), int64s(bin_sizes), int64s(offsets)
-    counts = torch.empty(len(grads), dtype=torch.int64)
-    lib.adacomp_compress(len(grads), pointers(residues), pointers(grads), numels.data_ptr(),
-                         bins.data_ptr(), int(soft), pointers(owed), s_prev.data_ptr(),
-                         g_max.data_ptr(), message.data_ptr(), starts.data_ptr(),
-                         sizes.data_ptr(), counts.data_ptr())
-    return counts.tolist()
+    numels = [g.numel() for g in grads]
+    sizes = [group_bytes(n, b) for n, b in zip(numels, bin_sizes, strict=True)]
+    counts = int64s([0] * len(grads))
+    lib.adacomp_compress(len(grads), pointers(residues), pointers(grads), int64s(numels),
+                         int64s(bin_sizes), int(soft), pointers(owed), s_prev.data_ptr(),
+                         g_max.data_ptr(), message.data_ptr(), int64s(offsets), int64s(sizes),
+                         counts)
+    return list(counts)
 
 
 def decompress(lib: ctypes.CDLL, outs: list[torch.Tensor], bin_sizes: list[int],
@@ -459,9 +464,9 @@ def decompress(lib: ctypes.CDLL, outs: list[torch.Tensor], bin_sizes: list[int],
     of ``messages`` (uint8, rows contiguous) holds layer l's sent bytes from ``offsets[l]``, its
     sign bytes right after."""
     world = messages.shape[0]
-    sizes = int64s([group_bytes(o.numel(), b) for o, b in zip(outs, bin_sizes, strict=True)])
-    numels, bins, starts = int64s([o.numel() for o in outs]), int64s(bin_sizes), int64s(offsets)
+    numels = [o.numel() for o in outs]
+    sizes = [group_bytes(n, b) for n, b in zip(numels, bin_sizes, strict=True)]
     values = values.to(torch.float32).contiguous()
-    lib.adacomp_decompress(len(outs), pointers(outs), numels.data_ptr(), bins.data_ptr(), world,
-                           messages.data_ptr(), messages.stride(0), starts.data_ptr(),
-                           sizes.data_ptr(), values.data_ptr(), (ctypes.c_void_p * world)())
+    lib.adacomp_decompress(len(outs), pointers(outs), int64s(numels), int64s(bin_sizes), world,
+                           messages.data_ptr(), messages.stride(0), int64s(offsets),
+                           int64s(sizes), values.data_ptr(), (ctypes.c_void_p * world)())
