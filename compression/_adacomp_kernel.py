@@ -56,6 +56,15 @@ static inline uint32_t bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; 
 static inline uint32_t abs_bits(float x) { return bits(x) & 0x7fffffffu; }
 static inline float from_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 static inline int64_t groups(int64_t len) { return (len + 7) / 8; }
+static int64_t count_bits(const uint8_t *bytes, int64_t n) {  /* set bits in n bytes */
+    int64_t count = 0, j = 0;
+    for (uint64_t word; j + 8 <= n; j += 8) {
+        memcpy(&word, bytes + j, 8);
+        count += __builtin_popcountll(word);
+    }
+    for (; j < n; ++j) count += __builtin_popcount(bytes[j]);
+    return count;
+}
 
 /* Each bin [start, end) of n elements in bins of bin_size (the last may be shorter), and its
    number, bin. */
@@ -106,8 +115,8 @@ static inline uint32_t group_select(float *residue, const float *grad, uint32_t 
     return sent;
 }
 
-/* One bin [start, end), a group at a time: g_max, then the selection into owed, sent, sign
-   (the bin's bytes); returns how many were sent. */
+/* One bin [start, end), a group at a time: g_max, then the selection into sent and sign (the
+   bin's bytes; owed, last step's, is only read); returns how many were sent. */
 static int64_t bin_scalar(float *residue, const float *grad, uint8_t *owed, float s_prev,
                           int64_t start, int64_t end, int soft, float *g_max, uint8_t *sent,
                           uint8_t *sign) {
@@ -122,7 +131,7 @@ static int64_t bin_scalar(float *residue, const float *grad, uint8_t *owed, floa
         uint32_t bits_sent = group_select(residue, grad, owed[g], s_prev, j,
                                           end - j < 8 ? end - j : 8, m, sends,
                                           soft ? -1 : first, &negative);  /* hard LS: first */
-        owed[g] = sent[g] = (uint8_t)bits_sent;
+        sent[g] = (uint8_t)bits_sent;
         sign[g] = (uint8_t)negative;
         count += __builtin_popcount(bits_sent);
     }
@@ -172,8 +181,9 @@ AVX2 static inline uint32_t select8(__m256 big_g, __m256 dw, __m256i valid, __m2
     return sent;
 }
 
-/* bin_scalar, eight lanes at a time. The first sweep stores G (its G_q owed) and takes the
-   max; the second reads G back from L1. The bin's last group may be short (tail: its lanes in
+/* bin_scalar, eight lanes at a time (but with the soft threshold it returns 0: the caller
+   counts the sent bits). The first sweep stores G (its G_q owed) and takes the max; the second
+   reads G back from L1. The bin's last group may be short (tail: its lanes in
    the bin): its lanes past the bin load dW as 0 and keep their residue (the residue has room
    for 8 more elements). */
 AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
@@ -202,7 +212,6 @@ AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
     uint32_t m = (uint32_t)_mm_cvtsi128_si32(m4);
     memcpy(g_max, &m, 4);                                    /* g_max(i) = max |G| over bin */
     if (!(*g_max > 0.0f) || !soft) {                         /* bin of zeros (or NaN): none */
-        memset(owed, 0, (size_t)(last + 1));
         memset(sent, 0, (size_t)(last + 1));
         memset(sign, 0, (size_t)(last + 1));
         if (!(*g_max > 0.0f)) return 0;
@@ -215,7 +224,7 @@ AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
             if (g == last) hit &= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(tail));
             if (hit) {
                 int lane = __builtin_ctz(hit);
-                owed[g] = sent[g] = (uint8_t)(1u << lane);
+                sent[g] = (uint8_t)(1u << lane);
                 sign[g] = (uint8_t)((bits(r[8 * g + lane]) >> 31) << lane);
                 return 1;
             }
@@ -223,19 +232,17 @@ AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
     }
 
     const __m256i vm = _mm256_broadcastd_epi32(m4), all = _mm256_set1_epi32(-1);
-    int64_t count = 0;
     uint32_t negative;
     for (int64_t g = 0; g < last; ++g) {
         uint32_t bits_sent = select8(_mm256_loadu_ps(r + 8 * g), _mm256_loadu_ps(dw + 8 * g),
                                      all, vm, &negative);
-        owed[g] = sent[g] = (uint8_t)bits_sent;
+        sent[g] = (uint8_t)bits_sent;
         sign[g] = (uint8_t)negative;
-        count += __builtin_popcount(bits_sent);
     }
     uint32_t bits_sent = select8(g_tail, dw_tail, tail, vm, &negative);
-    owed[last] = sent[last] = (uint8_t)bits_sent;
+    sent[last] = (uint8_t)bits_sent;
     sign[last] = (uint8_t)negative;
-    return count + __builtin_popcount(bits_sent);
+    return 0;                                                /* counted by the caller */
 }
 
 /* compress_layer with bin_avx2 for every bin. */
@@ -251,26 +258,28 @@ AVX2 static int64_t compress_avx2(float *residue, const float *grad, int64_t n,
                           g_max + bin, sent + bin * per_bin, sign + bin * per_bin,
                           end - start == bin_size ? tail
                               : first_lanes(short_bin - 8 * (groups(short_bin) - 1)));
-    return count;
+    return soft ? count_bits(sent, (n / bin_size) * per_bin + groups(short_bin)) : count;
 }
 #endif
 
 /* Alg. 2 in one pass per bin (the bin is read again from cache): g_max(i), then the selection.
-   residue: stored values (see settled); owed: last step's sent bits, replaced by this step's;
+   residue: stored values (see settled); owed: last step's sent bits, then this step's;
    s_prev: last step's s. Writes each bin's g_max and the message's sent and sign bytes.
    Returns how many were sent. This step's residue is G - G_q with s = mean g_max, owed until
    the next call (or adacomp_settle). */
 static int64_t compress_layer(float *residue, const float *grad, int64_t n, int64_t bin_size,
                               int soft, uint8_t *owed, float s_prev, float *g_max,
                               uint8_t *sent, uint8_t *sign) {
+    int64_t count = 0, per_bin = groups(bin_size);
 #ifdef X86
     if (use_avx2())
-        return compress_avx2(residue, grad, n, bin_size, soft, owed, s_prev, g_max, sent, sign);
+        count = compress_avx2(residue, grad, n, bin_size, soft, owed, s_prev, g_max, sent, sign);
+    else
 #endif
-    int64_t count = 0, per_bin = groups(bin_size);
     FOR_EACH_BIN(n, bin_size)
         count += bin_scalar(residue, grad, owed + bin * per_bin, s_prev, start, end, soft,
                             g_max + bin, sent + bin * per_bin, sign + bin * per_bin);
+    memcpy(owed, sent, (size_t)((n / bin_size) * per_bin + groups(n % bin_size)));  /* owed */
     return count;
 }
 
