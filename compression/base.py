@@ -88,13 +88,11 @@ class Scratch:
         self._buffers: dict[tuple[str, torch.dtype, torch.device, int], torch.Tensor] = {}
 
     def take(self, slot: str, numel: int, like: torch.Tensor,
-             dtype: torch.dtype | None = None, owner: object = None,
-             reserve: int = 0) -> torch.Tensor:
+             dtype: torch.dtype | None = None, owner: object = None) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements (``like``'s device, ``dtype`` or ``like``'s),
-        distinct for each ``owner``. A new buffer gets room for ``reserve`` elements if that
-        is more (for sizes that vary from step to step)."""
+        distinct for each ``owner``."""
         key = (slot, dtype or like.dtype, like.device, id(owner))
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < numel:
-            buffer = self._buffers[key] = like.new_empty(max(numel, reserve), dtype=key[1])
+            buffer = self._buffers[key] = like.new_empty(numel, dtype=key[1])
         return buffer[:numel]
