@@ -56,7 +56,7 @@ static inline uint32_t bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; 
 static inline uint32_t abs_bits(float x) { return bits(x) & 0x7fffffffu; }
 static inline float from_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 static inline int64_t groups(int64_t len) { return (len + 7) / 8; }
-static int64_t count_bits(const uint8_t *bytes, int64_t n) {  /* set bits in n bytes */
+static inline int64_t count_bits(const uint8_t *bytes, int64_t n) {  /* set bits in n bytes */
     int64_t count = 0, j = 0;
     for (uint64_t word; j + 8 <= n; j += 8) {
         memcpy(&word, bytes + j, 8);
@@ -116,12 +116,12 @@ static inline uint32_t group_select(float *residue, const float *grad, uint32_t 
 }
 
 /* One bin [start, end), a group at a time: g_max, then the selection into sent and sign (the
-   bin's bytes; owed, last step's, is only read); returns how many were sent. */
-static int64_t bin_scalar(float *residue, const float *grad, uint8_t *owed, float s_prev,
+   bin's bytes; owed, last step's, is only read). */
+static void bin_scalar(float *residue, const float *grad, const uint8_t *owed, float s_prev,
                           int64_t start, int64_t end, int soft, float *g_max, uint8_t *sent,
                           uint8_t *sign) {
     uint32_t m = 0;
-    int64_t first = -1, count = 0;
+    int64_t first = -1;
     for (int64_t j = start, g = 0; j < end; j += 8, ++g)
         m = group_max(residue, grad, owed[g], s_prev, j, end - j < 8 ? end - j : 8, m, &first);
     memcpy(g_max, &m, 4);                                    /* g_max(i) = max |G| over bin */
@@ -133,9 +133,7 @@ static int64_t bin_scalar(float *residue, const float *grad, uint8_t *owed, floa
                                           soft ? -1 : first, &negative);  /* hard LS: first */
         sent[g] = (uint8_t)bits_sent;
         sign[g] = (uint8_t)negative;
-        count += __builtin_popcount(bits_sent);
     }
-    return count;
 }
 
 #ifdef X86
@@ -181,13 +179,12 @@ AVX2 static inline uint32_t select8(__m256 big_g, __m256 dw, __m256i valid, __m2
     return sent;
 }
 
-/* bin_scalar, eight lanes at a time (but with the soft threshold it returns 0: the caller
-   counts the sent bits). The first sweep stores G (its G_q owed) and takes the max; the second
-   reads G back from L1. The bin's last group may be short (tail: its lanes in
+/* bin_scalar, eight lanes at a time. The first sweep stores G (its G_q owed) and takes the
+   max; the second reads G back from L1. The bin's last group may be short (tail: its lanes in
    the bin): its lanes past the bin load dW as 0 and keep their residue (the residue has room
    for 8 more elements). */
-AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
-        float *residue, const float *grad, uint8_t *owed, __m256i sp, int64_t start,
+AVX2 static inline __attribute__((always_inline)) void bin_avx2(
+        float *residue, const float *grad, const uint8_t *owed, __m256i sp, int64_t start,
         int64_t end, int soft, float *g_max, uint8_t *sent, uint8_t *sign, __m256i tail) {
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
     const int64_t last = groups(end - start) - 1;
@@ -214,7 +211,7 @@ AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
     if (!(*g_max > 0.0f) || !soft) {                         /* bin of zeros (or NaN): none */
         memset(sent, 0, (size_t)(last + 1));
         memset(sign, 0, (size_t)(last + 1));
-        if (!(*g_max > 0.0f)) return 0;
+        if (!(*g_max > 0.0f)) return;
         const __m256i vm = _mm256_broadcastd_epi32(m4);      /* hard LS: first argmax |G| */
         for (int64_t g = 0;; ++g) {
             __m256i abs_g = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(r + 8 * g)),
@@ -226,7 +223,7 @@ AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
                 int lane = __builtin_ctz(hit);
                 sent[g] = (uint8_t)(1u << lane);
                 sign[g] = (uint8_t)((bits(r[8 * g + lane]) >> 31) << lane);
-                return 1;
+                return;
             }
         }
     }
@@ -242,44 +239,46 @@ AVX2 static inline __attribute__((always_inline)) int64_t bin_avx2(
     uint32_t bits_sent = select8(g_tail, dw_tail, tail, vm, &negative);
     sent[last] = (uint8_t)bits_sent;
     sign[last] = (uint8_t)negative;
-    return 0;                                                /* counted by the caller */
 }
 
-/* compress_layer with bin_avx2 for every bin. */
+/* compress_layer with bin_avx2 for every bin (and the count with the popcnt instruction). */
 AVX2 static int64_t compress_avx2(float *residue, const float *grad, int64_t n,
-                                  int64_t bin_size, int soft, uint8_t *owed, float s_prev,
-                                  float *g_max, uint8_t *sent, uint8_t *sign) {
+                                  int64_t bin_size, int soft, const uint8_t *owed, float s_prev,
+                                  float *g_max, uint8_t *sent, uint8_t *sign, int64_t size) {
     const __m256i sp = _mm256_set1_epi32((int32_t)bits(s_prev));
     const int64_t per_bin = groups(bin_size), short_bin = n % bin_size;
     const __m256i tail = first_lanes(bin_size - 8 * (per_bin - 1));  /* of a whole bin */
-    int64_t count = 0;
     FOR_EACH_BIN(n, bin_size)
-        count += bin_avx2(residue, grad, owed + bin * per_bin, sp, start, end, soft,
-                          g_max + bin, sent + bin * per_bin, sign + bin * per_bin,
-                          end - start == bin_size ? tail
-                              : first_lanes(short_bin - 8 * (groups(short_bin) - 1)));
-    return soft ? count_bits(sent, (n / bin_size) * per_bin + groups(short_bin)) : count;
+        bin_avx2(residue, grad, owed + bin * per_bin, sp, start, end, soft, g_max + bin,
+                 sent + bin * per_bin, sign + bin * per_bin,
+                 end - start == bin_size ? tail
+                     : first_lanes(short_bin - 8 * (groups(short_bin) - 1)));
+    return count_bits(sent, size);
 }
 #endif
 
 /* Alg. 2 in one pass per bin (the bin is read again from cache): g_max(i), then the selection.
    residue: stored values (see settled); owed: last step's sent bits, then this step's;
-   s_prev: last step's s. Writes each bin's g_max and the message's sent and sign bytes.
-   Returns how many were sent. This step's residue is G - G_q with s = mean g_max, owed until
-   the next call (or adacomp_settle). */
+   s_prev: last step's s. Writes each bin's g_max and the message's sent and sign bytes (size
+   of each). Returns how many were sent. This step's residue is G - G_q with s = mean g_max,
+   owed until the next call (or adacomp_settle). */
 static int64_t compress_layer(float *residue, const float *grad, int64_t n, int64_t bin_size,
                               int soft, uint8_t *owed, float s_prev, float *g_max,
-                              uint8_t *sent, uint8_t *sign) {
-    int64_t count = 0, per_bin = groups(bin_size);
+                              uint8_t *sent, uint8_t *sign, int64_t size) {
+    int64_t count;
 #ifdef X86
     if (use_avx2())
-        count = compress_avx2(residue, grad, n, bin_size, soft, owed, s_prev, g_max, sent, sign);
+        count = compress_avx2(residue, grad, n, bin_size, soft, owed, s_prev, g_max, sent, sign,
+                              size);
     else
 #endif
-    FOR_EACH_BIN(n, bin_size)
-        count += bin_scalar(residue, grad, owed + bin * per_bin, s_prev, start, end, soft,
-                            g_max + bin, sent + bin * per_bin, sign + bin * per_bin);
-    memcpy(owed, sent, (size_t)((n / bin_size) * per_bin + groups(n % bin_size)));  /* owed */
+    {
+        FOR_EACH_BIN(n, bin_size)
+            bin_scalar(residue, grad, owed + bin * groups(bin_size), s_prev, start, end, soft,
+                       g_max + bin, sent + bin * groups(bin_size), sign + bin * groups(bin_size));
+        count = count_bits(sent, size);
+    }
+    memcpy(owed, sent, (size_t)size);                        /* this step's sent bits: owed */
     return count;
 }
 
@@ -293,7 +292,7 @@ void adacomp_compress(int64_t layers, float *const *residue, const float *const 
     for (int64_t l = 0; l < layers; ++l) {
         uint8_t *sent = message + offset[l];
         count[l] = compress_layer(residue[l], grad[l], n[l], bin_size[l], soft, owed[l],
-                                  s_prev[l], g_max, sent, sent + size[l]);
+                                  s_prev[l], g_max, sent, sent + size[l], size[l]);
         g_max += (n[l] + bin_size[l] - 1) / bin_size[l];
     }
 }
@@ -452,13 +451,13 @@ def int64s(values: list[int]) -> ctypes.Array:
 
 def compress(lib: ctypes.CDLL, residues: list[torch.Tensor], grads: list[torch.Tensor],
              bin_sizes: list[int], soft: bool, owed: list[torch.Tensor], s_prev: torch.Tensor,
-             g_max: torch.Tensor, message: torch.Tensor, offsets: list[int]) -> list[int]:
-    """One pass per bin over each layer (see the module docstring): layer l's sent bytes go to
-    ``message[offsets[l]:]``, its sign bytes right after, and its bins' g_max to ``g_max``,
-    layer after layer. Returns how many each layer sent. ``s_prev``: each layer's s of the last
-    step (float32)."""
+             g_max: torch.Tensor, message: torch.Tensor, offsets: list[int], sizes: list[int]
+             ) -> list[int]:
+    """One pass per bin over each layer (see the module docstring): layer l's sent bytes (
+    ``sizes[l]``, its :func:`group_bytes`) go to ``message[offsets[l]:]``, its sign bytes right
+    after, and its bins' g_max to ``g_max``, layer after layer. Returns how many each layer
+    sent. ``s_prev``: each layer's s of the last step (float32)."""
     numels = [g.numel() for g in grads]
-    sizes = [group_bytes(n, b) for n, b in zip(numels, bin_sizes, strict=True)]
     counts = int64s([0] * len(grads))
     lib.adacomp_compress(len(grads), pointers(residues), pointers(grads), int64s(numels),
                          int64s(bin_sizes), int(soft), pointers(owed), s_prev.data_ptr(),
@@ -468,13 +467,13 @@ def compress(lib: ctypes.CDLL, residues: list[torch.Tensor], grads: list[torch.T
 
 
 def decompress(lib: ctypes.CDLL, outs: list[torch.Tensor], bin_sizes: list[int],
-               messages: torch.Tensor, offsets: list[int], values: torch.Tensor) -> None:
+               messages: torch.Tensor, offsets: list[int], sizes: list[int],
+               values: torch.Tensor) -> None:
     """Each ``outs[l]`` = the sum over workers w of sign ``values[l, w]`` where w sent: row w
-    of ``messages`` (uint8, rows contiguous) holds layer l's sent bytes from ``offsets[l]``, its
-    sign bytes right after."""
+    of ``messages`` (uint8, rows contiguous) holds layer l's sent bytes (``sizes[l]``) from
+    ``offsets[l]``, its sign bytes right after."""
     world = messages.shape[0]
     numels = [o.numel() for o in outs]
-    sizes = [group_bytes(n, b) for n, b in zip(numels, bin_sizes, strict=True)]
     values = values.to(torch.float32).contiguous()
     lib.adacomp_decompress(len(outs), pointers(outs), int64s(numels), int64s(bin_sizes), world,
                            messages.data_ptr(), messages.stride(0), int64s(offsets),

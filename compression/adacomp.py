@@ -42,6 +42,7 @@ to whole words counted with its first layer.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -107,29 +108,29 @@ class AdaComp(Compressor):
     def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
         world, n_layers = comm.world_size, len(layers)
         sizes = [group_bytes(x.grad.numel(), x.level) for x in layers]
-        offsets = [4 * n_layers + 2 * sum(sizes[:j]) for j in range(n_layers)]
+        offsets = list(accumulate((2 * size for size in sizes[:-1]), initial=4 * n_layers))
         length = 4 * math.ceil((4 * n_layers + 2 * sum(sizes)) / 4)  # whole fp32 words
         # The message (the same length on every worker): s per layer (fp32), then each
         # layer's sent bytes and sign bytes; this worker's bucket owns the buffers.
         message = self._scratch.take("message", length, layers[0].grad, torch.uint8,
                                      owner=layers[0])
         message[offsets[-1] + 2 * sizes[-1]:].zero_()  # the padding
-        counts, scales = self._compress(layers, message, offsets)
+        counts, scales = self._compress(layers, message, offsets, sizes)
         message[:4 * n_layers].view(torch.float32).copy_(torch.stack(scales))
         gathered = self._scratch.take("gathered", world * length, message, owner=layers[0])
         parts = (yield comm.all_gather(message, gathered)).view(world, length)
-        self._decompress(layers, parts, offsets)
+        self._decompress(layers, parts, offsets, sizes)
         sent = [Sent(c * (8 if layer.level < 64 else 16) + WORD_BITS, WORD_BITS + 16 * size)
                 for layer, c, size in zip(layers, counts, sizes, strict=True)]
         padding = 8 * (length - 4 * n_layers - 2 * sum(sizes))  # counted with the first layer
         sent[0] = Sent(sent[0].bits, sent[0].wire_bits + padding)
         return sent
 
-    def _compress(self, layers: list[Layer], message: torch.Tensor, offsets: list[int]
-                  ) -> tuple[list[int], list[torch.Tensor]]:
-        """Update every layer's residue; write its sent bytes and sign bytes (see
-        :func:`~compression._adacomp_kernel.group_bytes`) to ``message`` from ``offsets[l]``;
-        return how many each layer sent, and each layer's s.
+    def _compress(self, layers: list[Layer], message: torch.Tensor, offsets: list[int],
+                  sizes: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+        """Update every layer's residue; write its sent bytes and sign bytes (``sizes[l]`` each,
+        see :func:`~compression._adacomp_kernel.group_bytes`) to ``message`` from
+        ``offsets[l]``; return how many each layer sent, and each layer's s.
 
         On contiguous float32 CPU tensors the C kernel does it in one pass per bin (:mod:`
         compression._adacomp_kernel`), leaving the sent elements' G_q owed until the next step
@@ -142,10 +143,10 @@ class AdaComp(Compressor):
                and message.device.type == "cpu" else None)
         if lib is None:
             counts, scales = [], []
-            for layer, g, grad, at in zip(layers, residues, grads, offsets, strict=True):
+            for layer, g, grad, at, size in zip(layers, residues, grads, offsets, sizes,
+                                                strict=True):
                 self.settle(layer)
                 sent, negative, scale = self._select_eager(g, grad, layer.level)
-                size = group_bytes(grad.numel(), layer.level)
                 message[at:at + size] = pack_groups(sent, grad.numel(), layer.level)
                 message[at + size:at + 2 * size] = pack_groups(negative, grad.numel(),
                                                                layer.level)
@@ -159,14 +160,16 @@ class AdaComp(Compressor):
         s_prev = torch.stack([layer.memory["scale"] for layer in layers])
         # Alg. 2: G = residue + dW, g_max(i), the sent elements' bits; G_q owed
         counts = _kernel.compress(lib, residues, grads, [x.level for x in layers],
-                                  self.soft_threshold, owed, s_prev, g_max, message, offsets)
+                                  self.soft_threshold, owed, s_prev, g_max, message, offsets,
+                                  sizes)
         scales = [m.mean() for m in g_max.split(bins)]  # s = mean_i g_max(i), as eager
         for layer, scale in zip(layers, scales, strict=True):
             layer.memory["scale"] = scale
         return counts, scales
 
     @staticmethod
-    def _decompress(layers: list[Layer], parts: torch.Tensor, offsets: list[int]) -> None:
+    def _decompress(layers: list[Layer], parts: torch.Tensor, offsets: list[int],
+                    sizes: list[int]) -> None:
         """Every ``layer.grad`` = (1/W) sum_w G_q,w, from the workers' messages (rows of
         ``parts``)."""
         world, n_layers = parts.shape[0], len(layers)
@@ -175,11 +178,12 @@ class AdaComp(Compressor):
         lib = (_kernel.kernel() if usable(torch.float32, *outs) and parts.device.type == "cpu"
                and parts.is_contiguous() else None)
         if lib is not None:                         # out = sum_w sign s_w / W, in one pass
-            _kernel.decompress(lib, outs, [x.level for x in layers], parts, offsets,
+            _kernel.decompress(lib, outs, [x.level for x in layers], parts, offsets, sizes,
                                values.cpu())
             return
-        for layer, out, at, value in zip(layers, outs, offsets, values, strict=True):
-            n, size = out.numel(), group_bytes(out.numel(), layer.level)
+        for layer, out, at, size, value in zip(layers, outs, offsets, sizes, values,
+                                               strict=True):
+            n = out.numel()
             out.zero_()
             for w in range(world):                  # (1/W) sum_w G_q,w, in worker order
                 sent = unpack_groups(parts[w, at:at + size], n, layer.level)

@@ -252,7 +252,7 @@ def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_si
             layer.memory["residue"][1] = 100.0            # G = 0, |H| = 100 >= g_max: not sent
             layer.grad.view(-1)[1] = -100.0
             message = torch.full((2 * size,), 0xAA, dtype=torch.uint8)
-            [count], [scale] = compressor._compress([layer], message, [0])
+            [count], [scale] = compressor._compress([layer], message, [0], [size])
             residue = None
             if t in (2, len(grads) - 1):                  # the steps between: G_q stays owed
                 compressor.settle(layer)
@@ -331,7 +331,7 @@ def test_adacomp_decompress_sums_workers_in_order(n: int, bin_size: int) -> None
             messages[w, at + size:at + 2 * size] = pack_groups(negative[layer][w], n, bin_size)
     outs = [torch.full((n,), 7.0), torch.full((n,), 7.0)]
     adacomp_kernel.decompress(adacomp_kernel.kernel(), outs, [bin_size, bin_size], messages,
-                              offsets, value)
+                              offsets, [size, size], value)
     for layer in range(2):
         expected = torch.zeros(n)
         for w in range(2):
