@@ -1,7 +1,7 @@
 """Pluggable collectives, and the driver that runs a compressor's steps on top of them.
 
-A compressor is written once, as a generator that *yields* the future of each collective it
-starts and receives that collective's result::
+A compressor is written once, as a generator that *yields* each collective it starts (a
+:class:`Pending`) and receives that collective's result::
 
     total = yield comm.all_reduce(p)          # sum over workers, in place
     parts = yield comm.all_gather(message)    # (world_size * numel,) in rank order
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,21 @@ from torch.distributed import ProcessGroup
 from torch.futures import Future
 
 T = TypeVar("T")
-Steps = Generator[Future, Any, T]
+
+
+class Pending(NamedTuple):
+    """A started collective: ``future`` completes when ``result`` holds its outcome.
+
+    The result tensor is known when the collective starts (in place, or the output buffer), so
+    the driver needs no ``then`` on the future to hand it over: a callback costs about as much
+    as a small layer's compression.
+    """
+
+    future: Future
+    result: Any = None
+
+
+Steps = Generator[Pending, Any, T]
 
 
 class Comm(Protocol):
@@ -33,12 +47,11 @@ class Comm(Protocol):
 
     world_size: int
 
-    def all_reduce(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
-        """Sum ``tensor`` over the workers, in place; the future's value is ``tensor``."""
+    def all_reduce(self, tensor: torch.Tensor) -> Pending:
+        """Sum ``tensor`` over the workers, in place; the result is ``tensor``."""
         ...
 
-    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None
-                   ) -> Future[torch.Tensor]:
+    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> Pending:
         """Every worker's 1-D ``tensor`` (same length everywhere), concatenated in rank order,
         in ``out`` (``world_size * numel`` elements) if given, else in a new tensor."""
         ...
@@ -51,16 +64,15 @@ class GroupComm:
         self.group = group
         self.world_size = dist.get_world_size(group)
 
-    def all_reduce(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
+    def all_reduce(self, tensor: torch.Tensor) -> Pending:
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        return Pending(work.get_future(), tensor)
 
-    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None
-                   ) -> Future[torch.Tensor]:
+    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> Pending:
         if out is None:
             out = tensor.new_empty(self.world_size * tensor.numel())
         work = dist.all_gather_single(out, tensor, group=self.group, async_op=True)
-        return work.get_future().then(lambda _: out)
+        return Pending(work.get_future(), out)
 
 
 class _Exchange:
@@ -70,10 +82,11 @@ class _Exchange:
         self.world_size = world_size
         self.calls = [0] * world_size
         self.open: dict[int, tuple[str, dict[int, torch.Tensor], dict[int, Future],
-                                   dict[int, torch.Tensor | None]]] = {}
+                                   dict[int, torch.Tensor]]] = {}
 
-    def post(self, rank: int, op: str, tensor: torch.Tensor, out: torch.Tensor | None = None
-             ) -> Future[torch.Tensor]:
+    def post(self, rank: int, op: str, tensor: torch.Tensor, out: torch.Tensor) -> Future[None]:
+        """Worker ``rank``'s next collective (its result goes to ``out``); the future completes
+        when every worker has posted it."""
         seq = self.calls[rank]
         self.calls[rank] += 1
         kind, inputs, futures, outs = self.open.setdefault(seq, (op, {}, {}, {}))
@@ -86,15 +99,11 @@ class _Exchange:
         if len(inputs) == self.world_size:
             del self.open[seq]  # completing may post the next collectives (callbacks run inline)
             ordered = [inputs[r] for r in range(self.world_size)]
-            if op == "all_reduce":
-                total = torch.stack(ordered).sum(0)
-                for r in range(self.world_size):
-                    futures[r].set_result(inputs[r].copy_(total))
-            else:
-                gathered = torch.cat(ordered)
-                for r in range(self.world_size):
-                    mine = gathered.clone() if outs[r] is None else outs[r].copy_(gathered)
-                    futures[r].set_result(mine)
+            result = torch.stack(ordered).sum(0) if op == "all_reduce" else torch.cat(ordered)
+            for r in range(self.world_size):
+                outs[r].copy_(result)
+            for r in range(self.world_size):
+                futures[r].set_result(None)
         return fut
 
 
@@ -112,12 +121,13 @@ class SimComm:
         exchange = _Exchange(world_size)
         return [SimComm(exchange, r) for r in range(world_size)]
 
-    def all_reduce(self, tensor: torch.Tensor) -> Future[torch.Tensor]:
-        return self.exchange.post(self.rank, "all_reduce", tensor)
+    def all_reduce(self, tensor: torch.Tensor) -> Pending:
+        return Pending(self.exchange.post(self.rank, "all_reduce", tensor, tensor), tensor)
 
-    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None
-                   ) -> Future[torch.Tensor]:
-        return self.exchange.post(self.rank, "all_gather", tensor, out)
+    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> Pending:
+        if out is None:
+            out = tensor.new_empty(self.world_size * tensor.numel())
+        return Pending(self.exchange.post(self.rank, "all_gather", tensor, out), out)
 
 
 def all_gather_varlen(comm: Comm, message: torch.Tensor, room: torch.Tensor | None = None,
@@ -155,15 +165,16 @@ class Timer:
 def drive(steps: Steps[T], timer: Timer | None = None) -> Future[T]:
     """Run ``steps`` until it returns; the future completes with its return value.
 
-    Each yielded future resumes the generator when it completes (inline if it already has), so
-    nothing here blocks. An exception in a step or a failed collective fails the returned future.
+    Each yielded collective resumes the generator when it completes (inline if it already has),
+    so nothing here blocks. An exception in a step or a failed collective fails the returned
+    future.
     """
     done: Future[T] = Future()
 
-    def advance(ready: Future | None) -> None:
+    def advance(ready: Pending | None) -> None:
         while True:
             try:
-                value = None if ready is None else ready.value()
+                value = None if ready is None else _result(ready)
             except BaseException as exc:  # noqa: BLE001 (a failed collective: fail `done`)
                 steps.close()
                 done.set_exception(exc)
@@ -179,12 +190,19 @@ def drive(steps: Steps[T], timer: Timer | None = None) -> Future[T]:
                 return
             if timer is not None:
                 timer.seconds += time.perf_counter() - start
-            if not ready.done():
-                ready.add_done_callback(advance)
+            if not ready.future.done():
+                ready.future.add_done_callback(lambda _, pending=ready: advance(pending))
                 return
 
     advance(None)
     return done
+
+
+def _result(ready: Pending) -> Any:
+    """A completed collective's result (``wait`` raises its error; on CUDA it also orders the
+    current stream after the collective's)."""
+    ready.future.wait()
+    return ready.result
 
 
 def _finish(done: Future, timer: Timer | None, start: float, result: Any = None,

@@ -25,11 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed import ProcessGroup
 from torch.futures import Future
 
 from compression.base import Compressor, Layer, Sent
-from compression.comm import Comm, GroupComm, Steps, Timer, drive
+from compression.comm import Comm, GroupComm, Pending, Steps, Timer, drive
 from engine.errors import ConfigError
 
 FP32_BITS = 32
@@ -46,17 +47,14 @@ def aggregate_bucket(compressor: Compressor, dense: list[torch.Tensor], layers: 
     world = comm.world_size
     flat, reduced = None, None
     if dense:
-        flat = dense[0] if len(dense) == 1 else torch.cat([t.reshape(-1) for t in dense])
+        flat = dense[0] if len(dense) == 1 else _flatten_dense_tensors(dense)
         reduced = comm.all_reduce(flat)  # started first: it overlaps the compressor's work
     sent = (yield from compressor.aggregate(layers, comm)) if layers else []
     if flat is None:
         return sent
     mean = (yield reduced).div_(world)
     if len(dense) > 1:
-        offset = 0
-        for t in dense:
-            t.copy_(mean[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        torch._foreach_copy_(dense, _unflatten_dense_tensors(mean, dense))
     bits = FP32_BITS * flat.numel()
     return [Sent(bits, bits), *sent]
 
@@ -177,7 +175,7 @@ class HookState:
 
     def _bucket_steps(self, previous: Future, dense: list[torch.Tensor], layers: list[Layer],
                       buffer: torch.Tensor) -> Steps[torch.Tensor]:
-        yield previous  # start this bucket's collectives after the previous bucket's
+        yield Pending(previous)  # start this bucket's collectives after the previous bucket's
         sent = yield from aggregate_bucket(self.compressor, dense, layers, self.comm)
         self.bits += sum(s.bits for s in sent)
         self.wire_bits += sum(s.wire_bits for s in sent)

@@ -120,7 +120,7 @@ def test_buffers_are_per_worker_and_bucket() -> None:
     gathers = [next(steps) for steps in buckets]
     for steps, gather in zip(buckets, gathers, strict=True):
         with pytest.raises(StopIteration):
-            steps.send(gather.value())
+            steps.send(gather.result)
     for layer, g in zip(layers, grads, strict=True):
         kept = layer.grad != 0
         assert int(kept.sum()) == 100 and torch.equal(layer.grad[kept], g[kept])
