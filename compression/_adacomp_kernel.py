@@ -7,7 +7,7 @@ abs, amax, add, abs, ge, nonzero, index_select, index_add_, ...). Here::
                         G = residue + dW, g_max(i) = max |G| over the bin; H = G + dW, sent
                         where |H| >= g_max(i) > 0 and G != 0 (hard LS: the bin's first
                         argmax |G|); the message's sent and sign bits written straight out
-    (torch)             s = g_max.mean(), so that s has the eager path's bits
+                        s = the mean of g_max, summed pairwise (as the eager path)
     adacomp_decompress  out = sum_w sign s_w / W where worker w sent, a group of 8 at a time
 
 Bits are laid out by group: a byte per group of 8 elements of a bin (bit l: the group's element
@@ -257,14 +257,25 @@ AVX2 static int64_t compress_avx2(float *residue, const float *grad, int64_t n,
 }
 #endif
 
+/* The mean of x[0 .. len): a pairwise sum, level by level (x[i] = x[2i] + x[2i + 1], an odd
+   last one plus +0), over len; x is overwritten. adacomp.pairwise_mean is the same in torch. */
+static float pairwise_mean(float *x, int64_t len) {
+    for (int64_t m = len; m > 1; m = (m + 1) / 2) {
+        for (int64_t i = 0; i < m / 2; ++i) x[i] = x[2 * i] + x[2 * i + 1];
+        if (m % 2) x[m / 2] = x[m - 1] + 0.0f;
+    }
+    return (len ? x[0] : 0.0f) / (float)len;
+}
+
 /* Alg. 2 in one pass per bin (the bin is read again from cache): g_max(i), then the selection.
    residue: stored values (see settled); owed: last step's sent bits, then this step's;
-   s_prev: last step's s. Writes each bin's g_max and the message's sent and sign bytes (size
-   of each). Returns how many were sent. This step's residue is G - G_q with s = mean g_max,
-   owed until the next call (or adacomp_settle). */
+   *scale: last step's s, then this step's, s = mean_i g_max(i). Writes the message's sent and
+   sign bytes (size of each); g_max: room for a g_max per bin. Returns how many were sent. This
+   step's residue is G - G_q, owed until the next call (or adacomp_settle). */
 static int64_t compress_layer(float *residue, const float *grad, int64_t n, int64_t bin_size,
-                              int soft, uint8_t *owed, float s_prev, float *g_max,
+                              int soft, uint8_t *owed, float *scale, float *g_max,
                               uint8_t *sent, uint8_t *sign, int64_t size) {
+    const float s_prev = *scale;
     int64_t count;
 #ifdef X86
     if (use_avx2())
@@ -279,21 +290,23 @@ static int64_t compress_layer(float *residue, const float *grad, int64_t n, int6
         count = count_bits(sent, size);
     }
     memcpy(owed, sent, (size_t)size);                        /* this step's sent bits: owed */
+    *scale = pairwise_mean(g_max, (n + bin_size - 1) / bin_size);  /* s = mean_i g_max(i) */
     return count;
 }
 
-/* compress_layer for each of a bucket's layers: layer l's sent bytes at message + offset[l],
-   its sign bytes right after them (size[l] bytes each); its bins' g_max one after the other in
-   g_max; count[l]: how many layer l sent. */
+/* compress_layer for each of a bucket's layers: the message starts with each layer's s
+   (float32; also in *scale[l]), then layer l's sent bytes at message + offset[l], its sign
+   bytes right after them (size[l] bytes each); count[l]: how many layer l sent. g_max: room
+   for the g_max of the largest layer's bins. */
 void adacomp_compress(int64_t layers, float *const *residue, const float *const *grad,
                       const int64_t *n, const int64_t *bin_size, int soft, uint8_t *const *owed,
-                      const float *s_prev, float *g_max, uint8_t *message,
+                      float *const *scale, float *g_max, uint8_t *message,
                       const int64_t *offset, const int64_t *size, int64_t *count) {
     for (int64_t l = 0; l < layers; ++l) {
         uint8_t *sent = message + offset[l];
         count[l] = compress_layer(residue[l], grad[l], n[l], bin_size[l], soft, owed[l],
-                                  s_prev[l], g_max, sent, sent + size[l], size[l]);
-        g_max += (n[l] + bin_size[l] - 1) / bin_size[l];
+                                  scale[l], g_max, sent, sent + size[l], size[l]);
+        memcpy(message + 4 * l, scale[l], 4);
     }
 }
 
@@ -336,6 +349,7 @@ static void add_range(float *to, int64_t start, int64_t stop, int64_t bin_size,
 
 /* Copy a finished block to out; on x86 with streaming stores (out is only written: no read for
    ownership, no cache pollution). */
+typedef void store_fn(float *out, const float *block, int64_t len);
 static void store_block(float *out, const float *block, int64_t len) {
     int64_t j = 0;
 #ifdef X86
@@ -350,7 +364,7 @@ static void store_block(float *out, const float *block, int64_t len) {
    (whole bins, or part of a long bin) at a time, and streamed out. */
 static inline __attribute__((always_inline)) void decompress_layer(
         float *out, int64_t n, int64_t bin_size, int64_t world, const uint8_t *const *sent,
-        int64_t size, const float *v, add_fn *add) {
+        int64_t size, const float *v, add_fn *add, store_fn *store) {
     enum { BLOCK = 4096, PIECE = 2048 };
     float block[BLOCK + 8];
     int64_t per_bin = groups(bin_size), begin = 0;           /* out[begin] is block[0] */
@@ -361,7 +375,7 @@ static inline __attribute__((always_inline)) void decompress_layer(
             stop = (start / bin_size + 1) * bin_size;        /* a long bin's last piece */
         stop = stop < n ? stop : n;
         if (stop - begin > BLOCK) {                          /* no room: flush the block */
-            store_block(out + begin, block, start - begin);
+            store(out + begin, block, start - begin);
             begin = start;
         }
         for (int64_t w = 0; w < world; ++w)
@@ -369,11 +383,11 @@ static inline __attribute__((always_inline)) void decompress_layer(
                 w == 0);
         start = stop;
     }
-    store_block(out + begin, block, n - begin);
+    store(out + begin, block, n - begin);
 }
 static void decompress_scalar(float *out, int64_t n, int64_t bin_size, int64_t world,
                               const uint8_t *const *sent, int64_t size, const float *v) {
-    decompress_layer(out, n, bin_size, world, sent, size, v, add_range);
+    decompress_layer(out, n, bin_size, world, sent, size, v, add_range, store_block);
 }
 
 #ifdef X86
@@ -398,9 +412,16 @@ AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
         bytes = sent + ++bin * per_bin;
     }
 }
+/* store_block, eight floats per streaming store. */
+AVX2 static void store_block_avx2(float *out, const float *block, int64_t len) {
+    int64_t j = 0;
+    for (; j < len && ((uintptr_t)(out + j) & 31) != 0; ++j) out[j] = block[j];
+    for (; j + 8 <= len; j += 8) _mm256_stream_ps(out + j, _mm256_loadu_ps(block + j));
+    memcpy(out + j, block + j, (size_t)(len - j) * sizeof(float));
+}
 AVX2 static void decompress_avx2(float *out, int64_t n, int64_t bin_size, int64_t world,
                                  const uint8_t *const *sent, int64_t size, const float *v) {
-    decompress_layer(out, n, bin_size, world, sent, size, v, add_range_avx2);
+    decompress_layer(out, n, bin_size, world, sent, size, v, add_range_avx2, store_block_avx2);
 }
 #endif
 
@@ -450,17 +471,18 @@ def int64s(values: list[int]) -> ctypes.Array:
 
 
 def compress(lib: ctypes.CDLL, residues: list[torch.Tensor], grads: list[torch.Tensor],
-             bin_sizes: list[int], soft: bool, owed: list[torch.Tensor], s_prev: torch.Tensor,
-             g_max: torch.Tensor, message: torch.Tensor, offsets: list[int], sizes: list[int]
-             ) -> list[int]:
-    """One pass per bin over each layer (see the module docstring): layer l's sent bytes (
-    ``sizes[l]``, its :func:`group_bytes`) go to ``message[offsets[l]:]``, its sign bytes right
-    after, and its bins' g_max to ``g_max``, layer after layer. Returns how many each layer
-    sent. ``s_prev``: each layer's s of the last step (float32)."""
+             bin_sizes: list[int], soft: bool, owed: list[torch.Tensor],
+             scales: list[torch.Tensor], g_max: torch.Tensor, message: torch.Tensor,
+             offsets: list[int], sizes: list[int]) -> list[int]:
+    """One pass per bin over each layer (see the module docstring): layer l's s (float32) goes
+    to the message's l-th word and to ``scales[l]`` (a float32 scalar: last step's s before),
+    its sent bytes (``sizes[l]``, its :func:`group_bytes`) to ``message[offsets[l]:]`` and its
+    sign bytes right after. ``g_max``: float32 room for the largest layer's bins. Returns how
+    many each layer sent."""
     numels = [g.numel() for g in grads]
     counts = int64s([0] * len(grads))
     lib.adacomp_compress(len(grads), pointers(residues), pointers(grads), int64s(numels),
-                         int64s(bin_sizes), int(soft), pointers(owed), s_prev.data_ptr(),
+                         int64s(bin_sizes), int(soft), pointers(owed), pointers(scales),
                          g_max.data_ptr(), message.data_ptr(), int64s(offsets), int64s(sizes),
                          counts)
     return list(counts)

@@ -86,6 +86,17 @@ def unpack_groups(packed: torch.Tensor, n: int, bin_size: int) -> torch.Tensor:
     return bits.view(bins, per_bin * 8)[:, :bin_size].reshape(-1)[:n]
 
 
+def pairwise_mean(x: torch.Tensor) -> torch.Tensor:
+    """The mean of the 1-D ``x``, summed pairwise level by level (x[i] = x[2i] + x[2i + 1], an
+    odd last element plus 0): an order that every device and the C kernel follow alike."""
+    n, total = x.numel(), x
+    while total.numel() > 1:
+        if total.numel() % 2:
+            total = torch.cat([total, total.new_zeros(1)])
+        total = total[0::2] + total[1::2]
+    return total.sum() / n
+
+
 @register("adacomp")
 class AdaComp(Compressor):
     """AdaComp with bin size ``conv_bin_size`` (conv kernels) / ``fc_bin_size`` (matrices)."""
@@ -115,8 +126,7 @@ class AdaComp(Compressor):
         message = self._scratch.take("message", length, layers[0].grad, torch.uint8,
                                      owner=layers[0])
         message[offsets[-1] + 2 * sizes[-1]:].zero_()  # the padding
-        counts, scales = self._compress(layers, message, offsets, sizes)
-        message[:4 * n_layers].view(torch.float32).copy_(torch.stack(scales))
+        counts = self._compress(layers, message, offsets, sizes)
         gathered = self._scratch.take("gathered", world * length, message, owner=layers[0])
         parts = (yield comm.all_gather(message, gathered)).view(world, length)
         self._decompress(layers, parts, offsets, sizes)
@@ -127,10 +137,11 @@ class AdaComp(Compressor):
         return sent
 
     def _compress(self, layers: list[Layer], message: torch.Tensor, offsets: list[int],
-                  sizes: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-        """Update every layer's residue; write its sent bytes and sign bytes (``sizes[l]`` each,
-        see :func:`~compression._adacomp_kernel.group_bytes`) to ``message`` from
-        ``offsets[l]``; return how many each layer sent, and each layer's s.
+                  sizes: list[int]) -> list[int]:
+        """Update every layer's residue; write its s to the ``message``'s l-th float32 word,
+        its sent bytes and sign bytes (``sizes[l]`` each, see
+        :func:`~compression._adacomp_kernel.group_bytes`) from ``offsets[l]``; return how many
+        each layer sent.
 
         On contiguous float32 CPU tensors the C kernel does it in one pass per bin (:mod:`
         compression._adacomp_kernel`), leaving the sent elements' G_q owed until the next step
@@ -152,20 +163,16 @@ class AdaComp(Compressor):
                                                                layer.level)
                 counts.append(int(sent.count_nonzero()))
                 scales.append(scale)
-            return counts, scales
-        bins = [math.ceil(grad.numel() / layer.level) for layer, grad in zip(layers, grads,
-                                                                             strict=True)]
-        g_max = self._scratch.take("g_max", sum(bins), grads[0])
+            message[:4 * len(layers)].view(torch.float32).copy_(torch.stack(scales))
+            return counts
+        bins = max(math.ceil(grad.numel() / layer.level) for layer, grad in zip(layers, grads,
+                                                                                strict=True))
         owed = [self._owed(layer) for layer in layers]
-        s_prev = torch.stack([layer.memory["scale"] for layer in layers])
-        # Alg. 2: G = residue + dW, g_max(i), the sent elements' bits; G_q owed
-        counts = _kernel.compress(lib, residues, grads, [x.level for x in layers],
-                                  self.soft_threshold, owed, s_prev, g_max, message, offsets,
-                                  sizes)
-        scales = [m.mean() for m in g_max.split(bins)]  # s = mean_i g_max(i), as eager
-        for layer, scale in zip(layers, scales, strict=True):
-            layer.memory["scale"] = scale
-        return counts, scales
+        # Alg. 2: G = residue + dW, g_max(i), s, the sent elements' bits; G_q owed
+        return _kernel.compress(lib, residues, grads, [x.level for x in layers],
+                                self.soft_threshold, owed, [x.memory["scale"] for x in layers],
+                                self._scratch.take("g_max", bins, grads[0]), message, offsets,
+                                sizes)
 
     @staticmethod
     def _decompress(layers: list[Layer], parts: torch.Tensor, offsets: list[int],
@@ -212,7 +219,7 @@ class AdaComp(Compressor):
             size = group_bytes(math.prod(layer.shape), layer.level)
             layer.memory["owed"] = torch.zeros(size, dtype=torch.uint8)
             layer.memory["owed_bin_size"] = torch.tensor(layer.level)
-            layer.memory["scale"] = torch.zeros(())
+            layer.memory["scale"] = torch.zeros((), dtype=torch.float32)  # the kernel's s
         return layer.memory["owed"]
 
     def _select_eager(self, g: torch.Tensor, grad: torch.Tensor, bin_size: int
@@ -223,7 +230,7 @@ class AdaComp(Compressor):
         g[:n] += grad                               # G = residue + dW
         abs_g = torch.abs(g, out=self._scratch.take("h", g.numel(), g)).view(bins, bin_size)
         g_max = abs_g.amax(dim=1)                   # g_max(i) = max_{j in bin i} |G(j)|
-        scale = g_max.mean()                        # s = mean_i g_max(i)
+        scale = pairwise_mean(g_max)                # s = mean_i g_max(i)
         if self.soft_threshold:
             h = abs_g.view(-1)                      # |G| no longer needed: reuse it for |H|
             torch.add(g[:n], grad, out=h[:n])       # H = G + dW (padding: H = G = 0)

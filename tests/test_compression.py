@@ -251,8 +251,9 @@ def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_si
             layer.grad = g.clone()
             layer.memory["residue"][1] = 100.0            # G = 0, |H| = 100 >= g_max: not sent
             layer.grad.view(-1)[1] = -100.0
-            message = torch.full((2 * size,), 0xAA, dtype=torch.uint8)
-            [count], [scale] = compressor._compress([layer], message, [0], [size])
+            message = torch.full((4 + 2 * size,), 0xAA, dtype=torch.uint8)
+            [count] = compressor._compress([layer], message, [4], [size])
+            scale = message[:4].view(torch.float32).clone()
             residue = None
             if t in (2, len(grads) - 1):                  # the steps between: G_q stays owed
                 compressor.settle(layer)
@@ -266,7 +267,7 @@ def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_si
     for (message, count, scale, residue), (message_e, count_e, scale_e, residue_e) in zip(
             fused, run(), strict=True):
         assert torch.equal(message, message_e) and count == count_e
-        sent = unpack_groups(message[:size], math.prod(shape), bin_size)
+        sent = unpack_groups(message[4:4 + size], math.prod(shape), bin_size)
         assert int(sent.sum()) == count and not sent[1]   # the G = 0 element is not sent
         assert torch.equal(bits_of(scale), bits_of(scale_e))
         assert (residue is None) == (residue_e is None)
