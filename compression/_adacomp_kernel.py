@@ -426,20 +426,26 @@ AVX2 static void decompress_avx2(float *out, int64_t n, int64_t bin_size, int64_
 #endif
 
 /* decompress_layer for each of a bucket's layers: worker w's message is at
-   message + w * stride; layer l's sent bytes at offset[l] in it (size[l] of them, its sign
-   bytes after), worth v[l world + w]. Workspace: world pointers. */
+   message + w * stride; its l-th float32 word is layer l's s_w, worth s_w / W (as the eager
+   path divides); layer l's sent bytes at offset[l] in it (size[l] of them, its sign bytes
+   after). Workspace: world pointers and world floats. */
 void adacomp_decompress(int64_t layers, float *const *out, const int64_t *n,
                         const int64_t *bin_size, int64_t world, const uint8_t *message,
                         int64_t stride, const int64_t *offset, const int64_t *size,
-                        const float *v, const uint8_t **sent) {
+                        const uint8_t **sent, float *v) {
     void (*layer_fn)(float *, int64_t, int64_t, int64_t, const uint8_t *const *, int64_t,
                      const float *) = decompress_scalar;
 #ifdef X86
     if (use_avx2()) layer_fn = decompress_avx2;
 #endif
     for (int64_t l = 0; l < layers; ++l) {
-        for (int64_t w = 0; w < world; ++w) sent[w] = message + w * stride + offset[l];
-        layer_fn(out[l], n[l], bin_size[l], world, sent, size[l], v + l * world);
+        for (int64_t w = 0; w < world; ++w) {
+            float s_w;
+            memcpy(&s_w, message + w * stride + 4 * l, 4);
+            v[w] = s_w / (float)world;                       /* s_w / W */
+            sent[w] = message + w * stride + offset[l];
+        }
+        layer_fn(out[l], n[l], bin_size[l], world, sent, size[l], v);
     }
 #ifdef X86
     _mm_sfence();                                            /* streaming stores are visible */
@@ -489,14 +495,12 @@ def compress(lib: ctypes.CDLL, residues: list[torch.Tensor], grads: list[torch.T
 
 
 def decompress(lib: ctypes.CDLL, outs: list[torch.Tensor], bin_sizes: list[int],
-               messages: torch.Tensor, offsets: list[int], sizes: list[int],
-               values: torch.Tensor) -> None:
-    """Each ``outs[l]`` = the sum over workers w of sign ``values[l, w]`` where w sent: row w
-    of ``messages`` (uint8, rows contiguous) holds layer l's sent bytes (``sizes[l]``) from
-    ``offsets[l]``, its sign bytes right after."""
+               messages: torch.Tensor, offsets: list[int], sizes: list[int]) -> None:
+    """Each ``outs[l]`` = the sum over workers w of sign s_w / W where w sent: row w of
+    ``messages`` (uint8, rows contiguous) holds layer l's s_w (float32) at ``4 l``, its sent
+    bytes (``sizes[l]``) from ``offsets[l]`` and its sign bytes right after."""
     world = messages.shape[0]
     numels = [o.numel() for o in outs]
-    values = values.to(torch.float32).contiguous()
     lib.adacomp_decompress(len(outs), pointers(outs), int64s(numels), int64s(bin_sizes), world,
                            messages.data_ptr(), messages.stride(0), int64s(offsets),
-                           int64s(sizes), values.data_ptr(), (ctypes.c_void_p * world)())
+                           int64s(sizes), (ctypes.c_void_p * world)(), (ctypes.c_float * world)())

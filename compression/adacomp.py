@@ -180,14 +180,13 @@ class AdaComp(Compressor):
         """Every ``layer.grad`` = (1/W) sum_w G_q,w, from the workers' messages (rows of
         ``parts``)."""
         world, n_layers = parts.shape[0], len(layers)
-        values = (parts[:, :4 * n_layers].contiguous().view(torch.float32) / world).T  # s_w / W
         outs = [layer.grad.view(-1) for layer in layers]
         lib = (_kernel.kernel() if usable(torch.float32, *outs) and parts.device.type == "cpu"
                and parts.is_contiguous() else None)
         if lib is not None:                         # out = sum_w sign s_w / W, in one pass
-            _kernel.decompress(lib, outs, [x.level for x in layers], parts, offsets, sizes,
-                               values.cpu())
+            _kernel.decompress(lib, outs, [x.level for x in layers], parts, offsets, sizes)
             return
+        values = (parts[:, :4 * n_layers].contiguous().view(torch.float32) / world).T  # s_w / W
         for layer, out, at, size, value in zip(layers, outs, offsets, sizes, values,
                                                strict=True):
             n = out.numel()

@@ -322,17 +322,19 @@ def test_adacomp_decompress_sums_workers_in_order(n: int, bin_size: int) -> None
     gen = torch.Generator().manual_seed(n + bin_size)
     sent = [torch.rand(2, n, generator=gen) < 0.3 for _ in range(2)]   # [layer][worker]
     negative = [torch.rand(2, n, generator=gen) < 0.5 for _ in range(2)]
-    value = torch.tensor([[0.5, 0.25], [1.0, 3.0]])                     # [layer, worker]
+    scale = torch.tensor([[1.0, 0.5], [2.0, 6.0]])                      # [layer, worker]
+    value = scale / 2                                                   # s_w / W
     size = adacomp_kernel.group_bytes(n, bin_size)
-    offsets = [4, 4 + 2 * size]
-    messages = torch.zeros(2, 4 + 4 * size, dtype=torch.uint8)
+    offsets = [8, 8 + 2 * size]
+    messages = torch.zeros(2, 8 + 4 * size, dtype=torch.uint8)
     for layer, at in enumerate(offsets):
         for w in range(2):
+            messages[w, 4 * layer:4 * layer + 4] = scale[layer, w:w + 1].view(torch.uint8)
             messages[w, at:at + size] = pack_groups(sent[layer][w], n, bin_size)
             messages[w, at + size:at + 2 * size] = pack_groups(negative[layer][w], n, bin_size)
     outs = [torch.full((n,), 7.0), torch.full((n,), 7.0)]
     adacomp_kernel.decompress(adacomp_kernel.kernel(), outs, [bin_size, bin_size], messages,
-                              offsets, [size, size], value)
+                              offsets, [size, size])
     for layer in range(2):
         expected = torch.zeros(n)
         for w in range(2):
