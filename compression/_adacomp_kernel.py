@@ -162,6 +162,25 @@ AVX2 static inline __m256i first_lanes(int64_t len) {
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* Store the first len lanes (1 <= len <= 8) of x: no wider, so that the next bin's loads of
+   its first elements are not held up behind a store that overlaps them. */
+AVX2 static inline void store_first(float *p, __m256 x, int64_t len) {
+    __m128 part = _mm256_castps256_ps128(x);
+    if (len == 8) {
+        _mm256_storeu_ps(p, x);
+        return;
+    }
+    if (len >= 4) {
+        _mm_storeu_ps(p, part);
+        p += 4, len -= 4, part = _mm256_extractf128_ps(x, 1);
+    }
+    if (len >= 2) {
+        _mm_storel_pi((__m64 *)p, part);
+        p += 2, len -= 2, part = _mm_movehl_ps(part, part);
+    }
+    if (len) _mm_store_ss(p, part);
+}
+
 /* One group of the selection: the lanes in valid with |H| >= g_max(i) and G != 0 are sent;
    returns their bits, and the bits of those with G < 0 in *sign. */
 AVX2 static inline uint32_t select8(__m256 big_g, __m256 dw, __m256i valid, __m256i vm,
@@ -181,11 +200,12 @@ AVX2 static inline uint32_t select8(__m256 big_g, __m256 dw, __m256i valid, __m2
 
 /* bin_scalar, eight lanes at a time. The first sweep stores G (its G_q owed) and takes the
    max; the second reads G back from L1. The bin's last group may be short (tail: its lanes in
-   the bin): its lanes past the bin load dW as 0 and keep their residue (the residue has room
-   for 8 more elements). */
+   the bin): its lanes past the bin take dW as 0 (read as 0 past the layer's end: inner = 0)
+   and keep their residue (the residue has room for 8 more elements). */
 AVX2 static inline __attribute__((always_inline)) void bin_avx2(
         float *residue, const float *grad, const uint8_t *owed, __m256i sp, int64_t start,
-        int64_t end, int soft, float *g_max, uint8_t *sent, uint8_t *sign, __m256i tail) {
+        int64_t end, int soft, float *g_max, uint8_t *sent, uint8_t *sign, __m256i tail,
+        int inner) {
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
     const int64_t last = groups(end - start) - 1;
     float *r = residue + start;
@@ -198,10 +218,12 @@ AVX2 static inline __attribute__((always_inline)) void bin_avx2(
         vmax = _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_castps_si256(big_g), abs_mask));
     }
     __m256 stored = _mm256_loadu_ps(r + 8 * last);           /* lanes past the bin: G = 0 */
-    __m256 dw_tail = _mm256_maskload_ps(dw + 8 * last, tail);
+    __m256 dw_tail = inner ? _mm256_and_ps(_mm256_loadu_ps(dw + 8 * last),
+                                           _mm256_castsi256_ps(tail))
+                           : _mm256_maskload_ps(dw + 8 * last, tail);
     __m256 g_tail = _mm256_and_ps(_mm256_add_ps(settled8(stored, owed[last], sp), dw_tail),
                                   _mm256_castsi256_ps(tail));
-    _mm256_storeu_ps(r + 8 * last, _mm256_blendv_ps(stored, g_tail, _mm256_castsi256_ps(tail)));
+    store_first(r + 8 * last, g_tail, end - start - 8 * last);
     vmax = _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_castps_si256(g_tail), abs_mask));
     __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(vmax), _mm256_extracti128_si256(vmax, 1));
     m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4e));
@@ -252,7 +274,8 @@ AVX2 static int64_t compress_avx2(float *residue, const float *grad, int64_t n,
         bin_avx2(residue, grad, owed + bin * per_bin, sp, start, end, soft, g_max + bin,
                  sent + bin * per_bin, sign + bin * per_bin,
                  end - start == bin_size ? tail
-                     : first_lanes(short_bin - 8 * (groups(short_bin) - 1)));
+                     : first_lanes(short_bin - 8 * (groups(short_bin) - 1)),
+                 start + 8 * groups(end - start) <= n);
     return count_bits(sent, size);
 }
 #endif
@@ -391,23 +414,37 @@ static void decompress_scalar(float *out, int64_t n, int64_t bin_size, int64_t w
 }
 
 #ifdef X86
-/* add_range, eight lanes at a time. */
+/* add_range's step for one group, eight lanes: sign v (value) where sent, or +0. */
+AVX2 static inline __attribute__((always_inline)) void add_group(
+        float *to, uint8_t sent, uint8_t negative, __m256i value, __m256i sign_mask, int first) {
+    __m256i signed_v = _mm256_xor_si256(value, _mm256_and_si256(lanes_of(negative), sign_mask));
+    __m256 g_q = _mm256_castsi256_ps(_mm256_and_si256(lanes_of(sent), signed_v));
+    _mm256_storeu_ps(to, first ? g_q : _mm256_add_ps(_mm256_loadu_ps(to), g_q));
+}
+/* add_range, eight lanes at a time; the whole bins of the range in a loop of their own. v is
+   +0, positive or NaN: its sign is flipped only where v != +0, so that no g_q is -0 and the
+   first worker's values need no 0 + g_q. */
 AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
                                        int64_t bin_size, int64_t per_bin, const uint8_t *sent,
                                        int64_t size, float v, int first) {
-    const __m256i sign_mask = _mm256_set1_epi32((int32_t)0x80000000u);
+    const __m256i sign_mask = _mm256_set1_epi32(bits(v) ? (int32_t)0x80000000u : 0);
     const __m256i value = _mm256_set1_epi32((int32_t)bits(v));
     int64_t bin = start / bin_size, offset = start - bin * bin_size;
     const uint8_t *bytes = sent + bin * per_bin + offset / 8;
+    if (offset == 0) {                                       /* whole bins */
+        int64_t whole = (stop - start) / bin_size;
+        for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin)
+            for (int64_t g = 0; g < per_bin; ++g)
+                if (first)
+                    add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, 1);
+                else
+                    add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, 0);
+        start += whole * bin_size, bin += whole;
+    }
     for (int64_t len = bin_size - offset; start < stop; start += len, len = bin_size) {
         len = len < stop - start ? len : stop - start;       /* this bin's part */
-        for (int64_t g = 0; g < groups(len); ++g) {
-            __m256i signed_v = _mm256_xor_si256(value, _mm256_and_si256(lanes_of(bytes[size + g]),
-                                                                        sign_mask));
-            __m256 g_q = _mm256_castsi256_ps(_mm256_and_si256(lanes_of(bytes[g]), signed_v));
-            __m256 sum = first ? _mm256_setzero_ps() : _mm256_loadu_ps(to + 8 * g);
-            _mm256_storeu_ps(to + 8 * g, _mm256_add_ps(sum, g_q));  /* sign s_w / W, or +0 */
-        }
+        for (int64_t g = 0; g < groups(len); ++g)
+            add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, first);
         to += len;                                           /* the short group's spill: next */
         bytes = sent + ++bin * per_bin;
     }
