@@ -198,10 +198,41 @@ AVX2 static inline uint32_t select8(__m256 big_g, __m256 dw, __m256i valid, __m2
     return sent;
 }
 
-/* bin_scalar, eight lanes at a time. The first sweep stores G (its G_q owed) and takes the
-   max; the second reads G back from L1. The bin's last group may be short (tail: its lanes in
-   the bin): its lanes past the bin take dW as 0 (read as 0 past the layer's end: inner = 0)
-   and keep their residue (the residue has room for 8 more elements). */
+/* The first sweep's step for a whole group: G = residue + dW, stored (its G_q owed); returns
+   the running max of |G| (bit patterns). */
+AVX2 static inline __m256i sweep8(float *r, const float *dw, uint32_t owe, __m256i sp,
+                                  __m256i vmax) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256 big_g = _mm256_add_ps(settled8(_mm256_loadu_ps(r), owe, sp), _mm256_loadu_ps(dw));
+    _mm256_storeu_ps(r, big_g);                              /* G = residue + dW */
+    return _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_castps_si256(big_g), abs_mask));
+}
+
+/* sweep8 for a bin's last group, which may be short (tail: its len lanes in the bin): lanes
+   past the bin take dW as 0 (read as 0 past the layer's end: inner = 0), give G = 0 and keep
+   their residue (the residue has room for 8 more elements). Returns G; dW in *dw_tail. */
+AVX2 static inline __m256 sweep_tail(float *r, const float *dw, uint32_t owe, __m256i sp,
+                                     __m256i tail, int64_t len, int inner, __m256 *dw_tail) {
+    *dw_tail = inner ? _mm256_and_ps(_mm256_loadu_ps(dw), _mm256_castsi256_ps(tail))
+                     : _mm256_maskload_ps(dw, tail);
+    __m256 g_tail = _mm256_and_ps(_mm256_add_ps(settled8(_mm256_loadu_ps(r), owe, sp), *dw_tail),
+                                  _mm256_castsi256_ps(tail));
+    store_first(r, g_tail, len);
+    return g_tail;
+}
+
+/* g_max(i) = max |G| over the bin, from the lanes' maxima, in every lane (bit patterns). */
+AVX2 static inline __m256i bin_max(__m256i vmax, __m256 g_tail) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    vmax = _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_castps_si256(g_tail), abs_mask));
+    __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(vmax), _mm256_extracti128_si256(vmax, 1));
+    m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4e));
+    m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0xb1));
+    return _mm256_broadcastd_epi32(m4);
+}
+
+/* bin_scalar, eight lanes at a time (hard LS, and a soft bin that soft_bins leaves): the first
+   sweep stores G and takes the max; the second reads G back from L1. */
 AVX2 static inline __attribute__((always_inline)) void bin_avx2(
         float *residue, const float *grad, const uint8_t *owed, __m256i sp, int64_t start,
         int64_t end, int soft, float *g_max, uint8_t *sent, uint8_t *sign, __m256i tail,
@@ -211,31 +242,16 @@ AVX2 static inline __attribute__((always_inline)) void bin_avx2(
     float *r = residue + start;
     const float *dw = grad + start;
     __m256i vmax = _mm256_setzero_si256();
-    for (int64_t g = 0; g < last; ++g) {
-        __m256 big_g = _mm256_add_ps(settled8(_mm256_loadu_ps(r + 8 * g), owed[g], sp),
-                                     _mm256_loadu_ps(dw + 8 * g));
-        _mm256_storeu_ps(r + 8 * g, big_g);                  /* G = residue + dW */
-        vmax = _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_castps_si256(big_g), abs_mask));
-    }
-    __m256 stored = _mm256_loadu_ps(r + 8 * last);           /* lanes past the bin: G = 0 */
-    __m256 dw_tail = inner ? _mm256_and_ps(_mm256_loadu_ps(dw + 8 * last),
-                                           _mm256_castsi256_ps(tail))
-                           : _mm256_maskload_ps(dw + 8 * last, tail);
-    __m256 g_tail = _mm256_and_ps(_mm256_add_ps(settled8(stored, owed[last], sp), dw_tail),
-                                  _mm256_castsi256_ps(tail));
-    store_first(r + 8 * last, g_tail, end - start - 8 * last);
-    vmax = _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_castps_si256(g_tail), abs_mask));
-    __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(vmax), _mm256_extracti128_si256(vmax, 1));
-    m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4e));
-    m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0xb1));
-    uint32_t m = (uint32_t)_mm_cvtsi128_si32(m4);
-    memcpy(g_max, &m, 4);                                    /* g_max(i) = max |G| over bin */
+    for (int64_t g = 0; g < last; ++g) vmax = sweep8(r + 8 * g, dw + 8 * g, owed[g], sp, vmax);
+    __m256 dw_tail, g_tail = sweep_tail(r + 8 * last, dw + 8 * last, owed[last], sp, tail,
+                                        end - start - 8 * last, inner, &dw_tail);
+    const __m256i vm = bin_max(vmax, g_tail);
+    _mm_store_ss(g_max, _mm256_castps256_ps128(_mm256_castsi256_ps(vm)));  /* g_max(i) */
     if (!(*g_max > 0.0f) || !soft) {                         /* bin of zeros (or NaN): none */
         memset(sent, 0, (size_t)(last + 1));
         memset(sign, 0, (size_t)(last + 1));
         if (!(*g_max > 0.0f)) return;
-        const __m256i vm = _mm256_broadcastd_epi32(m4);      /* hard LS: first argmax |G| */
-        for (int64_t g = 0;; ++g) {
+        for (int64_t g = 0;; ++g) {                          /* hard LS: first argmax |G| */
             __m256i abs_g = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(r + 8 * g)),
                                              abs_mask);
             uint32_t hit = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(
@@ -249,33 +265,78 @@ AVX2 static inline __attribute__((always_inline)) void bin_avx2(
             }
         }
     }
-
-    const __m256i vm = _mm256_broadcastd_epi32(m4), all = _mm256_set1_epi32(-1);
+    const __m256i all = _mm256_set1_epi32(-1);
     uint32_t negative;
     for (int64_t g = 0; g < last; ++g) {
-        uint32_t bits_sent = select8(_mm256_loadu_ps(r + 8 * g), _mm256_loadu_ps(dw + 8 * g),
-                                     all, vm, &negative);
-        sent[g] = (uint8_t)bits_sent;
+        sent[g] = (uint8_t)select8(_mm256_loadu_ps(r + 8 * g), _mm256_loadu_ps(dw + 8 * g), all,
+                                   vm, &negative);
         sign[g] = (uint8_t)negative;
     }
-    uint32_t bits_sent = select8(g_tail, dw_tail, tail, vm, &negative);
-    sent[last] = (uint8_t)bits_sent;
+    sent[last] = (uint8_t)select8(g_tail, dw_tail, tail, vm, &negative);
     sign[last] = (uint8_t)negative;
 }
 
-/* compress_layer with bin_avx2 for every bin (and the count with the popcnt instruction). */
+/* bin_avx2 with the soft threshold for the layer's whole bins, software-pipelined: bin b's
+   first sweep (from memory) goes a group at a time alongside bin b - 1's selection (from
+   cache), which a long bin would otherwise keep apart. Returns how many bins it did. */
+AVX2 static int64_t soft_bins(float *residue, const float *grad, int64_t n, int64_t bin_size,
+                              const uint8_t *owed, __m256i sp, float *g_max, uint8_t *sent,
+                              uint8_t *sign) {
+    const int64_t per_bin = groups(bin_size), last = per_bin - 1, whole = n / bin_size;
+    const int64_t tail_len = bin_size - 8 * last;
+    const __m256i tail = first_lanes(tail_len), all = _mm256_set1_epi32(-1);
+    __m256i vm = all;                                        /* the pending bin's g_max */
+    __m256 g_tail = _mm256_setzero_ps(), dw_tail = g_tail;
+    int pending = 0;                                         /* bin b - 1 awaits selection */
+    uint32_t negative;
+    for (int64_t b = 0; b <= whole; ++b) {
+        float *r = residue + b * bin_size, *r_prev = r - bin_size;
+        const float *dw = grad + b * bin_size, *dw_prev = dw - bin_size;
+        uint8_t *sent_prev = sent + (b - 1) * per_bin, *sign_prev = sign + (b - 1) * per_bin;
+        __m256i vmax = _mm256_setzero_si256();
+        for (int64_t g = 0; g < last; ++g) {
+            if (b < whole) vmax = sweep8(r + 8 * g, dw + 8 * g, owed[b * per_bin + g], sp, vmax);
+            if (pending) {
+                sent_prev[g] = (uint8_t)select8(_mm256_loadu_ps(r_prev + 8 * g),
+                                                _mm256_loadu_ps(dw_prev + 8 * g), all, vm,
+                                                &negative);
+                sign_prev[g] = (uint8_t)negative;
+            }
+        }
+        if (pending) {
+            sent_prev[last] = (uint8_t)select8(g_tail, dw_tail, tail, vm, &negative);
+            sign_prev[last] = (uint8_t)negative;
+        }
+        if (b == whole) break;
+        g_tail = sweep_tail(r + 8 * last, dw + 8 * last, owed[b * per_bin + last], sp, tail,
+                            tail_len, b * bin_size + 8 * per_bin <= n, &dw_tail);
+        vm = bin_max(vmax, g_tail);
+        _mm_store_ss(g_max + b, _mm256_castps256_ps128(_mm256_castsi256_ps(vm)));
+        pending = g_max[b] > 0.0f;
+        if (!pending) {                                      /* bin of zeros (or NaN): none */
+            memset(sent + b * per_bin, 0, (size_t)per_bin);
+            memset(sign + b * per_bin, 0, (size_t)per_bin);
+        }
+    }
+    return whole;
+}
+
+/* compress_layer with soft_bins and bin_avx2 (and the count with the popcnt instruction). */
 AVX2 static int64_t compress_avx2(float *residue, const float *grad, int64_t n,
                                   int64_t bin_size, int soft, const uint8_t *owed, float s_prev,
                                   float *g_max, uint8_t *sent, uint8_t *sign, int64_t size) {
     const __m256i sp = _mm256_set1_epi32((int32_t)bits(s_prev));
     const int64_t per_bin = groups(bin_size), short_bin = n % bin_size;
     const __m256i tail = first_lanes(bin_size - 8 * (per_bin - 1));  /* of a whole bin */
+    const int64_t done = soft ? soft_bins(residue, grad, n, bin_size, owed, sp, g_max, sent,
+                                          sign) : 0;
     FOR_EACH_BIN(n, bin_size)
-        bin_avx2(residue, grad, owed + bin * per_bin, sp, start, end, soft, g_max + bin,
-                 sent + bin * per_bin, sign + bin * per_bin,
-                 end - start == bin_size ? tail
-                     : first_lanes(short_bin - 8 * (groups(short_bin) - 1)),
-                 start + 8 * groups(end - start) <= n);
+        if (bin >= done)
+            bin_avx2(residue, grad, owed + bin * per_bin, sp, start, end, soft, g_max + bin,
+                     sent + bin * per_bin, sign + bin * per_bin,
+                     end - start == bin_size ? tail
+                         : first_lanes(short_bin - 8 * (groups(short_bin) - 1)),
+                     start + 8 * groups(end - start) <= n);
     return count_bits(sent, size);
 }
 #endif
