@@ -52,6 +52,11 @@ static int use_avx2(void) {
 """
 
 
+def compiler() -> str | None:
+    """The C compiler kernels are built with: ``$CC``, else ``cc`` or ``gcc`` on the PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def cache_dir() -> Path:
     """Where built kernels are kept."""
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "accordion-bench"
@@ -84,10 +89,10 @@ class Library:
         self._lib, self._tried = None, False
 
     def _build(self) -> Path:
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
+        cc = compiler()
+        if cc is None:
             raise RuntimeError("no C compiler (cc, gcc or $CC) found")
-        tag = hashlib.sha256((self.source + compiler + " ".join(FLAGS)).encode()).hexdigest()
+        tag = hashlib.sha256((self.source + cc + " ".join(FLAGS)).encode()).hexdigest()
         cache = cache_dir()
         path = cache / f"{self.name}_{tag[:16]}.so"
         if path.exists():
@@ -96,7 +101,7 @@ class Library:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             src, lib = Path(tmp) / f"{self.name}.c", Path(tmp) / f"{self.name}.so"
             src.write_text(self.source)
-            subprocess.run([compiler, *FLAGS, str(src), "-o", str(lib)], check=True,
+            subprocess.run([cc, *FLAGS, str(src), "-o", str(lib)], check=True,
                            capture_output=True, text=True)
             os.replace(lib, path)  # atomic: ranks building at once all load a whole file
         return path

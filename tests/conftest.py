@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import compression
-from compression._native import Library
+from compression._native import Library, compiler
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -96,6 +96,15 @@ def assert_same_bits(got: SimulatedRun, expected: SimulatedRun) -> None:
         assert torch.equal(bits_of(out), bits_of(out_e)) and bits == bits_e
     for memory, memory_e in zip(got[1], expected[1], strict=True):
         assert torch.equal(bits_of(memory), bits_of(memory_e))
+
+
+def require_kernel(library: Library) -> None:
+    """Skip where there is no C compiler; where there is one, ``library`` must build."""
+    if compiler() is None:
+        pytest.skip(f"no C compiler: {library.name} runs its eager path only")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a build failure's warning fails the test
+        assert library.get() is not None
 
 
 @contextmanager

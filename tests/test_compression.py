@@ -9,10 +9,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,14 @@ from compression.comm import SimComm, Steps, all_gather_varlen, drive
 from compression.powersgd import initial_q
 from compression.topk import SAMPLE, top_k_indices
 from engine.errors import ConfigError
-from tests.conftest import ROOT, assert_same_bits, bits_of, simulate_run, without_a_compiler
+from tests.conftest import (
+    ROOT,
+    assert_same_bits,
+    bits_of,
+    require_kernel,
+    simulate_run,
+    without_a_compiler,
+)
 
 WORKERS = (1, 2, 3)
 SHAPES = ((6, 40), (8, 3, 3, 3), (50, 20), (30, 7))
@@ -218,15 +223,6 @@ def adacomp_grads(shape: tuple[int, ...], workers: int, steps: int, bin_size: in
     return grads
 
 
-def require_kernel() -> None:
-    """Skip where there is no C compiler; where there is one, the kernel must build."""
-    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler: AdaComp runs its eager path only")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a build failure's warning fails the test
-        assert adacomp_kernel.kernel() is not None
-
-
 def eager_adacomp(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make AdaComp use its eager torch path (as on CUDA or without a C compiler)."""
     monkeypatch.setattr(adacomp_kernel, "kernel", lambda: None)
@@ -239,7 +235,7 @@ def eager_adacomp(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_size: int,
                                                   soft: bool,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    require_kernel()
+    require_kernel(adacomp_kernel.LIBRARY)
     grads = adacomp_grads(shape, 1, steps=6, bin_size=bin_size)
     compressor = AdaComp(soft_threshold=soft)
 
@@ -281,7 +277,7 @@ def test_adacomp_kernel_aggregate_is_bitwise_the_eager_path(
         shape: tuple[int, ...], bin_size: int, soft: bool,
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Three workers: the received elements are summed in the same order as index_add_ does.
-    require_kernel()
+    require_kernel(adacomp_kernel.LIBRARY)
     steps = adacomp_grads(shape, 3, steps=5, bin_size=bin_size)
     params = {"fc_bin_size": bin_size, "soft_threshold": soft}
     fused = simulate_run("adacomp", shape, steps, "residue", **params)
@@ -294,7 +290,7 @@ def test_adacomp_kernel_level_change_is_bitwise_the_eager_path(
         new_bin_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # A bin size change while G_q is owed: the owed bits are laid out by bin, so they are
     # settled first (30 -> 30: same padding, same layout; 4 and 64: new ones).
-    require_kernel()
+    require_kernel(adacomp_kernel.LIBRARY)
     shape = (12, 20)
     steps = adacomp_grads(shape, 2, steps=6, bin_size=30)
 
@@ -318,7 +314,7 @@ def test_adacomp_kernel_level_change_is_bitwise_the_eager_path(
 def test_adacomp_decompress_sums_workers_in_order(n: int, bin_size: int) -> None:
     # Two workers, two layers each: the group-byte layout (packed by the torch code) read by
     # the kernel, with blocks, bins and short groups of several sizes.
-    require_kernel()
+    require_kernel(adacomp_kernel.LIBRARY)
     gen = torch.Generator().manual_seed(n + bin_size)
     sent = [torch.rand(2, n, generator=gen) < 0.3 for _ in range(2)]   # [layer][worker]
     negative = [torch.rand(2, n, generator=gen) < 0.5 for _ in range(2)]
@@ -355,7 +351,7 @@ def test_adacomp_group_bytes_round_trip(n: int, bin_size: int) -> None:
 def test_portable_kernel_loops_are_bitwise_the_eager_path() -> None:
     # Where the CPU has AVX2 the kernels take their AVX2 paths; with PORTABLE_ENV set they take
     # their portable loops, which must pass the same bit-for-bit tests.
-    require_kernel()
+    require_kernel(adacomp_kernel.LIBRARY)
     tests = ["tests/test_compression.py::" + name for name in (
         "test_adacomp_kernel_is_bitwise_the_eager_path",
         "test_adacomp_kernel_aggregate_is_bitwise_the_eager_path",
@@ -370,7 +366,7 @@ def test_portable_kernel_loops_are_bitwise_the_eager_path() -> None:
 
 def test_adacomp_kernel_builds_into_the_cache(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    require_kernel()
+    require_kernel(adacomp_kernel.LIBRARY)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     stale = tmp_path / "accordion-bench" / "adacomp_0123456789abcdef.so"  # an older build
     stale.parent.mkdir()
@@ -602,7 +598,8 @@ def adacomp_descent(soft: bool, steps: int = 300) -> tuple[list[float], list[flo
         grads = [curvature * (w - optimum) + noise * torch.randn(shape, generator=gen)
                  for _ in range(2)]
         w -= lr * sim.step(grads)[0]
-        residues.append(max(float(sim.memory(w)["residue"].abs().max()) for w in range(2)))
+        residues.append(max(float(sim.memory(worker)["residue"].abs().max())
+                            for worker in range(2)))
         losses.append(float((curvature * (w - optimum) ** 2).mean()) / 2)
     return residues, losses
 

@@ -13,13 +13,22 @@ from compression import _topk_kernel as topk_kernel
 from compression.base import Layer
 from compression.comm import SimComm
 from compression.topk import TopK
-from tests.conftest import assert_same_bits, bits_of, simulate_run, without_a_compiler
+from tests.conftest import (
+    assert_same_bits,
+    bits_of,
+    require_kernel,
+    simulate_run,
+    without_a_compiler,
+)
 
 SHAPES = ((6, 40), (8, 3, 3, 3), (300, 400))  # 120000 > 4 * SAMPLE: the sampled path
 RATIOS = (1.0, 0.99, 0.5, 0.25, 0.1, 0.02, 1e-7)  # 1e-7: k = 1
 
-pytestmark = pytest.mark.skipif(topk_kernel.kernel() is None,
-                                reason="no C compiler: Top-K runs its eager path only")
+
+@pytest.fixture(autouse=True)
+def _kernel_built() -> None:
+    # Every test here needs the kernel: skipped without a C compiler, failed if it will not build.
+    require_kernel(topk_kernel.LIBRARY)
 
 
 def eager_topk(monkeypatch: pytest.MonkeyPatch) -> None:
