@@ -16,7 +16,7 @@ the simulation run the same compressor code.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -130,28 +130,19 @@ class SimComm:
         return Pending(self.exchange.post(self.rank, "all_gather", tensor, out), out)
 
 
-def all_gather_varlen(comm: Comm, message: torch.Tensor, room: torch.Tensor | None = None,
-                      out: Callable[[int], torch.Tensor] | None = None
-                      ) -> Steps[list[torch.Tensor]]:
+def all_gather_varlen(comm: Comm, message: torch.Tensor) -> Steps[list[torch.Tensor]]:
     """Gather 1-D messages of different lengths: exchange the lengths, then one padded gather.
 
     Returns every worker's message, in rank order. Costs one int32 per worker on top of the
-    longest message (times the world size). Buffers spare the allocations (and their page
-    faults): ``room``, a tensor that ``message`` is the start of, takes the padding in place when
-    it is long enough, and ``out(numel)`` lends the gather's output.
+    longest message (times the world size).
     """
     size = torch.tensor([message.numel()], dtype=torch.int32, device=message.device)
     sizes = (yield comm.all_gather(size)).tolist()
     longest = max(sizes)
     padded = message
     if message.numel() < longest:
-        if room is not None and room.numel() >= longest:
-            padded = room[:longest]
-            padded[message.numel():].zero_()
-        else:
-            padded = torch.cat([message, message.new_zeros(longest - message.numel())])
-    into = out(comm.world_size * longest) if out is not None else None
-    gathered = yield comm.all_gather(padded, into)
+        padded = torch.cat([message, message.new_zeros(longest - message.numel())])
+    gathered = yield comm.all_gather(padded)
     return [gathered[w * longest:w * longest + n] for w, n in enumerate(sizes)]
 
 
