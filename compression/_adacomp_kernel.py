@@ -3,7 +3,8 @@
 The eager torch path (``AdaComp._select_eager``) makes about a dozen passes over a layer (add,
 abs, amax, add, abs, ge, nonzero, index_select, index_add_, ...). Here::
 
-    adacomp_compress    bin by bin (each bin is read from memory once, then again from cache):
+    adacomp_compress    bin by bin (each bin is read from memory once, then again from cache;
+                        with the soft threshold, while the next bin is read):
                         G = residue + dW, g_max(i) = max |G| over the bin; H = G + dW, sent
                         where |H| >= g_max(i) > 0 and G != 0 (hard LS: the bin's first
                         argmax |G|); the message's sent and sign bits written straight out
@@ -23,10 +24,10 @@ at once, so every later value has the same bits. ``adacomp_settle`` pays what is
 checkpoint, a bin size change, or the eager path).
 
 On x86-64 CPUs with AVX2 both run eight lanes at a time, without branches; elsewhere portable
-loops do the same. The decompress builds the output in an L1 block and streams it out. The
-results are bit-identical to the eager path (tested): the same float operations, rounded alike
-and summed in the same order; the max is exact (taken on the bit patterns of |G|, which order
-as the floats do).
+loops do the same. The decompress builds the output in an L1 block and streams it out (AVX2).
+The results are bit-identical to the eager path (tested): the same float operations, rounded
+alike and summed in the same order; the max is exact (taken on the bit patterns of |G|, which
+order as the floats do).
 """
 
 from __future__ import annotations
@@ -431,16 +432,10 @@ static void add_range(float *to, int64_t start, int64_t stop, int64_t bin_size,
     }
 }
 
-/* Copy a finished block to out; on x86 with streaming stores (out is only written: no read for
-   ownership, no cache pollution). */
+/* Copy a finished block to out (the AVX2 path streams it: store_block_avx2). */
 typedef void store_fn(float *out, const float *block, int64_t len);
 static void store_block(float *out, const float *block, int64_t len) {
-    int64_t j = 0;
-#ifdef X86
-    for (; j < len && ((uintptr_t)(out + j) & 15) != 0; ++j) out[j] = block[j];
-    for (; j + 4 <= len; j += 4) _mm_stream_ps(out + j, _mm_loadu_ps(block + j));
-#endif
-    memcpy(out + j, block + j, (size_t)(len - j) * sizeof(float));
+    memcpy(out, block, (size_t)len * sizeof(float));
 }
 
 /* out (n elements in bins of bin_size) = sum over workers of sign v[w] where worker w sent:
@@ -510,7 +505,8 @@ AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
         bytes = sent + ++bin * per_bin;
     }
 }
-/* store_block, eight floats per streaming store. */
+/* store_block with streaming stores, eight floats each (out is only written: no read for
+   ownership, no cache pollution). */
 AVX2 static void store_block_avx2(float *out, const float *block, int64_t len) {
     int64_t j = 0;
     for (; j < len && ((uintptr_t)(out + j) & 31) != 0; ++j) out[j] = block[j];

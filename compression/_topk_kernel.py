@@ -16,7 +16,7 @@ are largest)::
 
 Pass 2 and 3 re-read the layer right after pass 1, mostly from the last-level cache. On x86-64
 CPUs with AVX2 they run eight lanes at a time (pass 3 packs the kept lanes with a permutation
-table, as AdaComp's kernel does); elsewhere portable loops do the same. The results are
+table); elsewhere portable loops do the same. The results are
 bit-identical to the eager path (tested): the same selected set and order, the same float
 operations, summed in the same order.
 """
