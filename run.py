@@ -7,7 +7,7 @@
 
 Read top to bottom: check the config, start the process group, build data, model, DDP with
 the compression hook, then train epoch by epoch. Rank 0 leaves the run record in the Hydra
-output directory (see engine/record.py) and logs to W&B.
+output directory (see core/record.py) and logs to W&B.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ import data
 import models
 import schedulers
 from compression.hook import comm_hook
-from engine import config, distributed, record
-from engine.errors import ConfigError
-from engine.lr import lr_at
-from engine.tasks import make_task
-from engine.wandb_logger import NullLogger, WandbLogger
+from core import distributed, record
+from core.errors import ConfigError
+from core.lr import lr_at
+from training import checkpoint, config
+from training.tasks import make_task
+from training.wandb_logger import NullLogger, WandbLogger
 
 LOG = logging.getLogger("accordion-bench")
 
@@ -84,8 +85,8 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     task = make_task(bundle, env, cfg, device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=float(t.bucket_cap_mb))
-    hook = compression.build(cfg.compressor, model.named_parameters())
-    ddp.register_comm_hook(hook, comm_hook)
+    hook_state = compression.build(cfg.compressor, model.named_parameters())
+    ddp.register_comm_hook(hook_state, comm_hook)
     scheduler = schedulers.build(cfg.scheduler)
     o = cfg.optimizer
     optimizer = torch.optim.SGD(model.parameters(), lr=float(o.lr), momentum=float(o.momentum),
@@ -93,8 +94,8 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
 
     start_epoch, elapsed_s = 0, 0.0
     if cfg.resume:
-        start_epoch, elapsed_s = _load(run_dir / record.CHECKPOINT, env, model, optimizer, hook,
-                                       scheduler)
+        start_epoch, elapsed_s = checkpoint.load(run_dir / record.CHECKPOINT, model, optimizer,
+                                                 hook_state, scheduler)
     log = record.MetricsLog(run_dir, keep_epochs=start_epoch) if env.is_main else None
     logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
 
@@ -103,16 +104,16 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     try:
         for epoch in range(start_epoch, t.epochs):
             row: dict[str, Any] = {"epoch": epoch}
-            row.update(scheduler.start_epoch(epoch, hook))  # per-layer levels of this epoch
+            row.update(scheduler.start_epoch(epoch, hook_state))  # per-layer levels of this epoch
             batch_size = scheduler.batch_size(epoch, t.batch_size)
             task.set_batch_size(batch_size)
             lr = lr_at(o, epoch) * scheduler.lr_scale(epoch)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             row.update({"lr": lr, "batch_size": batch_size})
-            hook.reset_epoch()
+            hook_state.reset_epoch()
 
-            # ---- train one epoch: the comm hook aggregates (and compresses) in backward ----
+            # ---- train one epoch: the comm hook aggregates (and compresses) in backward -------
             epoch_start = time.perf_counter()
             row["train/loss"], samples = _train_epoch(epoch, task, ddp, optimizer, t, env, amp)
             epoch_s = time.perf_counter() - epoch_start
@@ -120,17 +121,17 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             # ---- evaluate, record -------------------------------------------------------------
             _sync_buffers(model)
             row.update(task.evaluate(model))
-            row.update(hook.epoch_stats())
+            row.update(hook_state.epoch_stats())
             row["time/epoch_s"] = epoch_s
             row["samples_per_s"] = samples * env.world_size / epoch_s
-            norms = _from_rank0(hook.grad_norms())  # every rank decides on rank 0's statistic
+            norms = _from_rank0(hook_state.grad_norms())  # every rank decides on rank 0's statistic
             row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
             if log is not None:
                 log.write(row)
                 _report(row, task.metric)
             logger.log(row, step=epoch)
-            _save(run_dir / record.CHECKPOINT, cfg, env, epoch + 1, time.perf_counter() - started,
-                  model, optimizer, hook, scheduler)
+            checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch + 1,
+                            time.perf_counter() - started, model, optimizer, hook_state, scheduler)
             if not math.isfinite(row["train/loss"]):
                 status = "diverged"
                 break
@@ -251,80 +252,6 @@ def _make_logger(cfg: DictConfig, run_dir: Path) -> WandbLogger | NullLogger:
     if cfg.logger.name == "none":
         return NullLogger()
     return WandbLogger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir)
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def _save(path: Path, cfg: DictConfig, env: distributed.DistEnv, next_epoch: int,
-          elapsed_s: float, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-          hook: compression.HookState, scheduler: schedulers.Scheduler) -> None:
-    """Gather every rank's own state (RNG, compressor memories) and write the checkpoint."""
-    mine = {"rng": _rng_state(), "compressor": _to_cpu(hook.state_dict())}
-    per_rank: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, mine)
-    if env.is_main:
-        record.save_checkpoint(path, {
-            "epoch": next_epoch,
-            "elapsed_s": elapsed_s,
-            "world_size": dist.get_world_size(),
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "sampler": {"epoch": next_epoch, "seed": int(cfg.seed)},
-            "per_rank": per_rank,
-            "config": OmegaConf.to_container(cfg, resolve=True),
-        })
-    dist.barrier()
-
-
-def _load(path: Path, env: distributed.DistEnv, model: torch.nn.Module,
-          optimizer: torch.optim.Optimizer, hook: compression.HookState,
-          scheduler: schedulers.Scheduler) -> tuple[int, float]:
-    """Restore a checkpoint on every rank; returns (first epoch to run, elapsed seconds)."""
-    ckpt = record.load_checkpoint(path)
-    if ckpt["world_size"] != dist.get_world_size():
-        raise ConfigError(f"resume: {path} was written by {ckpt['world_size']} ranks; resume it "
-                          f"with the same number, not {dist.get_world_size()}")
-    device = next(model.parameters()).device
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    mine = ckpt["per_rank"][env.rank]
-    hook.load_state_dict(_to_device(mine["compressor"], device))
-    _set_rng_state(mine["rng"])
-    return int(ckpt["epoch"]), float(ckpt["elapsed_s"])
-
-
-def _to_cpu(obj: Any) -> Any:
-    return _map_tensors(obj, lambda t: t.detach().cpu())
-
-
-def _to_device(obj: Any, device: torch.device) -> Any:
-    return _map_tensors(obj, lambda t: t.to(device))
-
-
-def _map_tensors(obj: Any, fn: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_map_tensors(v, fn) for v in obj)
-    return obj
 
 
 def _quiet_other_ranks() -> None:

@@ -23,7 +23,7 @@ Assumptions:
 - the steps per epoch scale as 1 / global batch (exact up to the last partial batch), with one
   gradient exchange per optimizer step.
 
-The LRs come from the config's schedule (``engine.lr.lr_at``), as the schedulers saw them: the
+The LRs come from the config's schedule (``core.lr.lr_at``), as the schedulers saw them: the
 logged ``lr`` may include batch scaling.
 """
 
@@ -41,9 +41,9 @@ from omegaconf import DictConfig, OmegaConf
 
 import compression
 from compression.hook import FP32_BITS
-from engine.errors import ConfigError
-from engine.lr import lr_at
-from engine.record import CHECKPOINT, METRICS, load_checkpoint, read_metrics
+from core.errors import ConfigError
+from core.lr import lr_at
+from core.record import CHECKPOINT, METRICS, load_checkpoint, read_metrics
 from schedulers.accordion import replay, resolve_levels
 from schedulers.accordion_batch import MODEL, model_norm
 

@@ -41,7 +41,7 @@ import compression
 import models
 from compression.comm import Timer, drive
 from compression.hook import aggregate_bucket, comm_hook
-from tests.distributed import run_ranks
+from core.ranks import run_ranks
 
 OUT = Path("results/bench")
 BUCKET_BYTES = 25 * 2**20

@@ -20,7 +20,7 @@ from torch.distributed import ProcessGroup
 from compression.base import Compressor
 from compression.hook import HookState
 from compression.simulate import Simulation, simulate
-from engine.errors import ConfigError
+from core.errors import ConfigError
 
 __all__ = ["Compressor", "HookState", "Simulation", "available", "build", "build_compressor",
            "create", "register", "simulate"]

@@ -53,7 +53,7 @@ from compression._adacomp_kernel import group_bytes
 from compression._native import usable
 from compression.base import Compressor, Layer, Scratch, Sent
 from compression.comm import Comm, Steps
-from engine.errors import check_bool, check_int
+from core.errors import check_bool, check_int
 
 WORD_BITS = 32  # the fp32 scale of our wire format
 LANE_BITS = [1 << lane for lane in range(8)]

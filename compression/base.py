@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 
 from compression.comm import Comm, Steps
-from engine.errors import ConfigError
+from core.errors import ConfigError
 
 
 @dataclass

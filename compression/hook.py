@@ -31,7 +31,7 @@ from torch.futures import Future
 
 from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, GroupComm, Pending, Steps, Timer, drive
-from engine.errors import ConfigError
+from core.errors import ConfigError
 
 FP32_BITS = 32
 

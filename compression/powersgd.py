@@ -42,7 +42,7 @@ import torch
 from compression import register
 from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, Steps
-from engine.errors import check_int
+from core.errors import check_int
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from compression import register
 from compression._native import usable
 from compression.base import Compressor, Layer, Scratch, Sent
 from compression.comm import Comm, Steps
-from engine.errors import check_ratio
+from core.errors import check_ratio
 
 VALUE_AND_INDEX_BITS = 64  # fp32 value + int32 index
 SAMPLE = 1 << 14  # sample size for the selection threshold in top_k_indices

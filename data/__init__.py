@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Dataset, Subset
 
-from engine.errors import ConfigError
+from core.errors import ConfigError
 
 Task = Literal["classification", "language_model"]
 

@@ -22,8 +22,8 @@ import numpy as np
 from torchvision import datasets, transforms
 from torchvision.datasets.vision import VisionDataset
 
+from core.errors import ConfigError
 from data import DataBundle, one_line, register
-from engine.errors import ConfigError
 
 _MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),

@@ -19,8 +19,8 @@ from typing import Any
 from PIL import Image
 from torchvision import datasets, transforms
 
+from core.errors import ConfigError
 from data import DataBundle, one_line, register
-from engine.errors import ConfigError
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _HOW = ("expected ImageNet as class folders <root>/train/<class>/*.JPEG and "

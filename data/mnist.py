@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from core.errors import ConfigError
 from data import DataBundle, one_line, register
-from engine.errors import ConfigError
 
 MEAN, STD = 0.1307, 0.3081
 _FILES = {

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from core.errors import ConfigError
 from data import DataBundle, check_vocabulary, read_text, register
-from engine.errors import ConfigError
 
 
 def _path(cfg: Any) -> Path:

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from core.errors import ConfigError
 from data import DataBundle, register
-from engine.errors import ConfigError
 
 
 def _check(cfg: Any) -> None:

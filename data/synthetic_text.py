@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.errors import ConfigError
 from data import DataBundle, register
-from engine.errors import ConfigError
 
 
 def _check(cfg: Any) -> None:

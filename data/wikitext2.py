@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from core.errors import ConfigError
 from data import DataBundle, check_vocabulary, read_text, register
-from engine.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
 EOS = "<eos>"

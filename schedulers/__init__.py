@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from engine.errors import ConfigError
+from core.errors import ConfigError
 from schedulers.base import Scheduler
 
 _REGISTRY: dict[str, type[Scheduler]] = {}

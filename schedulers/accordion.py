@@ -29,7 +29,7 @@ from typing import Any
 
 from compression.base import Compressor
 from compression.hook import HookState
-from engine.errors import ConfigError, check_int
+from core.errors import ConfigError, check_int
 from schedulers import register
 from schedulers.base import Scheduler
 
@@ -192,13 +192,13 @@ class Accordion(Scheduler):
         """ConfigError if the compressor does not take ``low`` and ``high`` as levels."""
         resolve_levels(compressor, self.low, self.high)
 
-    def start_epoch(self, epoch: int, hook: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
         """Set each compressed layer's level for ``epoch``; log ``critical/*`` and ``level/*``."""
-        low, high = resolve_levels(hook.compressor, self.low, self.high)
-        self.layers = hook.compressed_layers()
+        low, high = resolve_levels(hook_state.compressor, self.low, self.high)
+        self.layers = hook_state.compressed_layers()
         critical = self.history.critical(epoch, self.layers)
         levels = {n: low if c else high for n, c in critical.items()}
-        hook.set_levels(levels)
+        hook_state.set_levels(levels)
         return {**{f"critical/{n}": c for n, c in critical.items()},
                 **{f"level/{n}": level for n, level in levels.items()}}
 

@@ -34,9 +34,10 @@ class AccordionJoint(Scheduler):
         self.levels.validate(compressor, batch_size, world_size)
         self.batch.validate(compressor, batch_size, world_size)
 
-    def start_epoch(self, epoch: int, hook: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
         """Set the levels; log ``critical/*``, ``level/*`` and ``critical/model``."""
-        return {**self.levels.start_epoch(epoch, hook), **self.batch.start_epoch(epoch, hook)}
+        return {**self.levels.start_epoch(epoch, hook_state),
+                **self.batch.start_epoch(epoch, hook_state)}
 
     def batch_size(self, epoch: int, default: int) -> int:
         """The batch part's decision."""

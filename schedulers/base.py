@@ -2,8 +2,9 @@
 
 Order within epoch e (run.py):
 
-1. ``start_epoch(e, hook)``: set every compressed layer's level for epoch e via
-   ``hook.set_levels``; returns metrics for e's row (``critical/<layer>``, ``level/<layer>``...).
+1. ``start_epoch(e, hook_state)``: set every compressed layer's level for epoch e via
+   ``hook_state.set_levels``; returns metrics for e's row (``critical/<layer>``,
+   ``level/<layer>``...).
 2. ``batch_size(e)`` and ``lr_scale(e)``: the global batch and the LR multiplier of epoch e
    (batch-size schedulers; the defaults keep ``trainer.batch_size`` and the configured LR).
 3. the epoch trains;
@@ -29,8 +30,8 @@ class Scheduler:
     def validate(self, compressor: Any, batch_size: int, world_size: int) -> None:
         """Raise ConfigError if the scheduler's settings don't fit the compressor or the job."""
 
-    def start_epoch(self, epoch: int, hook: HookState) -> dict[str, Any]:
-        """Set the levels ``hook`` uses in ``epoch``; return metrics to log."""
+    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
+        """Set the levels ``hook_state`` uses in ``epoch``; return metrics to log."""
         return {}
 
     def batch_size(self, epoch: int, default: int) -> int:

@@ -24,7 +24,7 @@ from compression.base import Layer
 from compression.comm import SimComm, Steps, all_gather_varlen, drive
 from compression.powersgd import initial_q
 from compression.topk import SAMPLE, top_k_indices
-from engine.errors import ConfigError
+from core.errors import ConfigError
 from tests.conftest import (
     ROOT,
     assert_same_bits,

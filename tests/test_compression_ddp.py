@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 from compression.hook import comm_hook
-from tests.distributed import run_ranks
+from core.ranks import run_ranks
 
 CONFIGS = {
     "none": {},

@@ -9,9 +9,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from engine.config import validate
-from engine.errors import ConfigError
+from core.errors import ConfigError
 from tests.conftest import CONF, TINY, run_cli
+from training.config import validate
 
 GROUPS = ("model", "dataset", "compressor", "scheduler", "optimizer", "trainer", "logger",
           "launcher")

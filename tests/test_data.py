@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 
 import data
+from core.errors import ConfigError
 from data import synthetic_text
-from engine.errors import ConfigError
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "dataset"
 FILE_BASED = ["cifar10", "cifar100", "mnist", "imagenet", "wikitext2", "shakespeare"]

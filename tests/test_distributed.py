@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from engine import distributed
+from core import distributed
 
 
 def test_detect_single(monkeypatch):

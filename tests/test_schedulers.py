@@ -21,7 +21,7 @@ import compression
 import schedulers
 from analysis.whatif import main
 from compression.hook import HookState
-from engine.errors import ConfigError
+from core.errors import ConfigError
 from schedulers.accordion import replay
 from tests.conftest import ROOT
 
@@ -149,13 +149,13 @@ EXPECT_0 = [T, T, T, F, F, T, T]
 EXPECT_2 = [T, T, T, T, T, F, F]
 
 
-def drive(sched: schedulers.Scheduler, hook: HookState, epochs: range, lr=lambda e: 0.1
+def drive(sched: schedulers.Scheduler, hook_state: HookState, epochs: range, lr=lambda e: 0.1
           ) -> list[dict]:
     """start_epoch / end_epoch as run.py calls them; per epoch the metrics and the levels."""
     out = []
     for e in epochs:
-        row = dict(sched.start_epoch(e, hook))
-        row["_levels"] = {n: hook.layers[n].level for n in hook.compressed_layers()}
+        row = dict(sched.start_epoch(e, hook_state))
+        row["_levels"] = {n: hook_state.layers[n].level for n in hook_state.compressed_layers()}
         row["_batch"], row["_scale"] = sched.batch_size(e, 64), sched.lr_scale(e)
         row.update(sched.end_epoch(e, NORMS[e], lr(e), lr(e + 1)))
         out.append(row)
@@ -168,9 +168,10 @@ def drive(sched: schedulers.Scheduler, hook: HookState, epochs: range, lr=lambda
     ("adacomp", {}, 50, 500),
 ])
 def test_accordion_sets_levels_per_layer(group, compressor, params, low, high):
-    hook = hook_for(compressor, **params)
-    assert hook.compressed_layers() == ["0.weight", "2.weight"]
-    rows = drive(build(name="accordion", interval=2), hook, range(7))  # low/high null: defaults
+    hook_state = hook_for(compressor, **params)
+    assert hook_state.compressed_layers() == ["0.weight", "2.weight"]
+    # low/high null: the defaults
+    rows = drive(build(name="accordion", interval=2), hook_state, range(7))
     for e, row in enumerate(rows):
         assert row["_levels"] == {"0.weight": low if EXPECT_0[e] else high,
                                   "2.weight": low if EXPECT_2[e] else high}
@@ -184,14 +185,14 @@ def test_accordion_sets_levels_per_layer(group, compressor, params, low, high):
 
 
 def test_accordion_explicit_levels(group):
-    hook = hook_for("powersgd")
-    rows = drive(build(name="accordion", low=4, high=2, interval=2), hook, range(7))
+    hook_state = hook_for("powersgd")
+    rows = drive(build(name="accordion", low=4, high=2, interval=2), hook_state, range(7))
     assert [r["_levels"]["0.weight"] for r in rows] == [4 if c else 2 for c in EXPECT_0]
 
 
 def test_accordion_lr_decay_makes_every_layer_critical(group):
-    hook = hook_for("powersgd")
-    rows = drive(build(name="accordion", interval=2), hook, range(7),
+    hook_state = hook_for("powersgd")
+    rows = drive(build(name="accordion", interval=2), hook_state, range(7),
                  lr=lambda e: 0.1 if e < 4 else 0.01)  # drops into epoch 4: 4 critical
     assert [r["critical/0.weight"] for r in rows] == [T, T, T, F, T, T, T]
 
@@ -229,9 +230,9 @@ def test_batch_and_lr_per_epoch(scaling, high_scale):
 
 
 def test_joint_sets_levels_and_batch(group):
-    hook = hook_for("powersgd")
+    hook_state = hook_for("powersgd")
     rows = drive(build(name="accordion_joint", interval=2, batch_low=256, batch_high=1024),
-                 hook, range(6))
+                 hook_state, range(6))
     assert [r["_levels"]["0.weight"] for r in rows] == [2 if c else 1 for c in EXPECT_0[:6]]
     assert [r["_levels"]["2.weight"] for r in rows] == [2 if c else 1 for c in EXPECT_2[:6]]
     assert [r["_batch"] for r in rows] == [256, 256, 256, 1024, 1024, 256]
@@ -241,8 +242,8 @@ def test_joint_sets_levels_and_batch(group):
 
 
 def test_static_keeps_the_configured_level(group):
-    hook = hook_for("powersgd", rank=3)
-    rows = drive(build(name="static"), hook, range(4))
+    hook_state = hook_for("powersgd", rank=3)
+    rows = drive(build(name="static"), hook_state, range(4))
     assert all(r["_levels"] == {"0.weight": 3, "2.weight": 3} for r in rows)
 
 

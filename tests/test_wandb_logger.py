@@ -7,7 +7,7 @@ import warnings
 import pytest
 from omegaconf import OmegaConf
 
-from engine.wandb_logger import WandbLogger
+from training.wandb_logger import WandbLogger
 
 CFG = {"mode": "offline", "project": "accordion-bench-test", "group": "g", "job_type": "train",
        "tags": ["t"], "entity": None, "run_name": None}

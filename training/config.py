@@ -1,6 +1,6 @@
 """Check the composed config before any process group starts.
 
-Every check raises :class:`~engine.errors.ConfigError` with one line naming the field and what
+Every check raises :class:`~core.errors.ConfigError` with one line naming the field and what
 is allowed. Hydra itself rejects unknown config-group options (listing the choices).
 """
 
@@ -15,9 +15,9 @@ import compression
 import data
 import models
 import schedulers
-from engine import lr
-from engine.errors import ConfigError, check_int
-from engine.record import CHECKPOINT
+from core import lr
+from core.errors import ConfigError, check_int
+from core.record import CHECKPOINT
 
 
 def validate(cfg: Any, world_size: int, run_dir: Path) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import ConfigError
+from core.errors import ConfigError
 
 
 def check(cfg: Any) -> None:

@@ -22,9 +22,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from core.distributed import DistEnv
+from core.errors import ConfigError
 from data import DataBundle
-from engine.distributed import DistEnv
-from engine.errors import ConfigError
 
 
 class Classification:

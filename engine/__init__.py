@@ -1,1 +1,0 @@
-"""Training plumbing shared by `run.py`: distributed set-up, config checks, run records, logging."""
