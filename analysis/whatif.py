@@ -14,12 +14,11 @@ the logged ``comm/bits`` next to an estimate under the replayed decisions. Witho
 The estimate, per epoch: logged bits x P(replayed levels) / P(logged levels) x logged batch /
 replayed batch, where P is the bits one worker sends per step: 32 per element of the
 uncompressed tensors (ndim <= 1) plus, per compressed layer, the compressor's own accounting for
-the layer's shape at that level (measured with :class:`compression.Simulation` on one worker).
-Assumptions:
+the layer's shape at that level (:meth:`compression.Compressor.step_bits`). Assumptions:
 
-- a layer's bits per step depend only on its shape and level: true for PowerSGD and Top-K, not
-  for AdaComp (the number of elements sent depends on the gradients), so switching AdaComp's
-  bin size gets no estimate (n/a);
+- a layer's bits per step depend only on its shape and level: true where the compressor's
+  ``step_bits`` says so (PowerSGD, Top-K, EF-signSGD), not for AdaComp (the number of elements
+  sent depends on the gradients), so switching AdaComp's bin size gets no estimate (n/a);
 - the steps per epoch scale as 1 / global batch (exact up to the last partial batch), with one
   gradient exchange per optimizer step.
 
@@ -49,7 +48,6 @@ from schedulers.accordion_batch import MODEL, model_norm
 
 LEVEL_SCHEDULERS = ("accordion", "accordion_joint")
 BATCH_SCHEDULERS = ("accordion_batch", "accordion_joint")
-SHAPE_ONLY_BITS = ("powersgd", "topk")  # compressors whose bits follow from shape and level
 
 
 @dataclass
@@ -94,8 +92,8 @@ def _mean(values: Sequence[float]) -> float:
 class StepBits:
     """Bits one worker sends per step, given every compressed layer's level."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, rows: list[dict[str, Any]],
-                 layers: list[str]) -> None:
+    def __init__(self, compressor: compression.Compressor, run_dir: Path,
+                 rows: list[dict[str, Any]], layers: list[str]) -> None:
         path = run_dir / CHECKPOINT
         if not path.is_file():
             raise ConfigError(f"run_dir: no {CHECKPOINT} in {run_dir}; the bits estimate needs "
@@ -107,23 +105,13 @@ class StepBits:
             raise ConfigError(f"run_dir: {CHECKPOINT} has no weights for {missing[:3]}")
         self.dense = FP32_BITS * sum(state[n].numel() for n in trainable if n not in layers)
         self.shapes = {n: state[n].shape for n in layers}
-        params = OmegaConf.to_container(cfg.compressor, resolve=True)
-        self.name = params.pop("name")
-        self.params = params
-        self._cache: dict[tuple[tuple[int, ...], Any], int] = {}
+        self.compressor = compressor
 
     def __call__(self, levels: dict[str, Any]) -> int:
-        """P(levels): the uncompressed tensors plus each layer at its level."""
-        return self.dense + sum(self._layer(self.shapes[n], lv) for n, lv in levels.items())
-
-    def _layer(self, shape: torch.Size, level: Any) -> int:
-        key = (tuple(shape), level)
-        if key not in self._cache:
-            sim = compression.Simulation(self.name, 1, shape, **self.params)
-            sim.set_level(level)
-            _, bits = sim.step([torch.zeros(shape)])
-            self._cache[key] = bits[0]
-        return self._cache[key]
+        """P(levels): the uncompressed tensors plus each layer at its level (the compressor's
+        own :meth:`~compression.Compressor.step_bits`)."""
+        return self.dense + sum(self.compressor.step_bits(self.shapes[n], lv)
+                                for n, lv in levels.items())
 
 
 def whatif(run_dir: Path, cfg: DictConfig, rows: list[dict[str, Any]], eta: float,
@@ -145,10 +133,10 @@ def _replay_levels(cfg: DictConfig, run_dir: Path, rows: list[dict[str, Any]], l
     layers = [k.removeprefix("level/") for k in rows[0] if k.startswith("level/")]
     norms = [{n: _value(r, f"grad_norm/{n}") for n in layers} for r in rows]
     decisions = replay(norms[:-1], lrs, eta, interval, layers)
-    low, high = resolve_levels(compression.build_compressor(cfg.compressor), cfg.scheduler.low,
-                               cfg.scheduler.high)
-    exact = cfg.compressor.name in SHAPE_ONLY_BITS
-    step_bits = StepBits(cfg, run_dir, rows, layers) if exact else None
+    compressor = compression.build_compressor(cfg.compressor)
+    low, high = resolve_levels(compressor, cfg.scheduler.low, cfg.scheduler.high)
+    exact = compressor.step_bits(torch.Size([1, 1]), low) is not None  # bits follow the level
+    step_bits = StepBits(compressor, run_dir, rows, layers) if exact else None
     for row, decided, epoch in zip(rows, decisions, out, strict=True):
         epoch.critical_logged = _mean([bool(_value(row, f"critical/{n}")) for n in layers])
         epoch.critical_replay = _mean(list(decided.values()))

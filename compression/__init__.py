@@ -1,10 +1,12 @@
 """Gradient compressors, run inside a DDP communication hook.
 
-One file per compressor (``none``, ``powersgd``, ``topk``, ``adacomp``); each registers a
-:class:`~compression.base.Compressor` subclass with :func:`register`. :func:`build` turns the
-``compressor`` config node into a :class:`~compression.hook.HookState`, which `run.py` registers
-on the DDP model with ``ddp.register_comm_hook(state, compression.hook.comm_hook)``.
+One file per compressor (``none``, ``powersgd``, ``topk``, ``adacomp``, ``ef_signsgd``); each
+registers a :class:`~compression.base.Compressor` subclass with :func:`register`. :func:`build`
+turns the ``compressor`` config node into a :class:`~compression.hook.HookState`, which `run.py`
+registers on the DDP model with ``ddp.register_comm_hook(state, compression.hook.comm_hook)``.
 :func:`simulate` runs the same compressor code on simulated workers, without a process group.
+A compressor's math is its own file; its error-feedback memory (:mod:`compression.memory`) and
+the exchange of messages (:mod:`compression.comm`, :mod:`compression.exchange`) are shared.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from compression.simulate import Simulation, simulate
 from core.errors import ConfigError
 
 __all__ = ["Compressor", "HookState", "Simulation", "available", "build", "build_compressor",
-           "create", "register", "simulate"]
+           "create", "register", "simulate", "with_levels"]
 
 _REGISTRY: dict[str, type[Compressor]] = {}
-_MODULES = ("none", "powersgd", "topk", "adacomp")
+_MODULES = ("none", "powersgd", "topk", "adacomp", "ef_signsgd")
 
 
 def register(name: str) -> Callable[[type[Compressor]], type[Compressor]]:
@@ -45,6 +47,11 @@ def available() -> list[str]:
     for module in _MODULES:
         importlib.import_module(f"compression.{module}")
     return sorted(_REGISTRY)
+
+
+def with_levels() -> list[str]:
+    """Compressors that have levels for Accordion to switch (``accordion_levels``)."""
+    return [name for name in available() if _REGISTRY[name].accordion_levels is not None]
 
 
 def create(name: str, **params: Any) -> Compressor:

@@ -42,7 +42,6 @@ to whole words counted with its first layer.
 from __future__ import annotations
 
 import math
-from itertools import accumulate
 from typing import Any
 
 import torch
@@ -53,10 +52,11 @@ from compression._adacomp_kernel import group_bytes
 from compression._native import usable
 from compression.base import Compressor, Layer, Scratch, Sent
 from compression.comm import Comm, Steps
+from compression.exchange import gather, layout, outbox, pack_bits, unpack_bits
+from compression.memory import ErrorFeedback
 from core.errors import check_bool, check_int
 
 WORD_BITS = 32  # the fp32 scale of our wire format
-LANE_BITS = [1 << lane for lane in range(8)]
 
 
 def _grouped(n: int, bin_size: int) -> tuple[int, int]:
@@ -68,12 +68,11 @@ def pack_groups(mask: torch.Tensor, n: int, bin_size: int) -> torch.Tensor:
     """The bits of the flat bool ``mask`` (``n`` elements, maybe padded to whole bins), a byte
     per group of 8 elements of a bin: :func:`~compression._adacomp_kernel.group_bytes` bytes."""
     bins, per_bin = _grouped(n, bin_size)
+    padded = mask.new_zeros(bins, per_bin * 8)
     elements = mask.new_zeros(bins * bin_size)
     elements[:n] = mask[:n]
-    padded = mask.new_zeros(bins * per_bin * 8)
-    padded.view(bins, per_bin * 8)[:, :bin_size] = elements.view(bins, bin_size)
-    lanes = torch.tensor(LANE_BITS, dtype=torch.uint8, device=mask.device)
-    return (padded.view(-1, 8) * lanes).sum(1, dtype=torch.uint8)[:group_bytes(n, bin_size)]
+    padded[:, :bin_size] = elements.view(bins, bin_size)
+    return pack_bits(padded.view(-1))[:group_bytes(n, bin_size)]
 
 
 def unpack_groups(packed: torch.Tensor, n: int, bin_size: int) -> torch.Tensor:
@@ -81,8 +80,7 @@ def unpack_groups(packed: torch.Tensor, n: int, bin_size: int) -> torch.Tensor:
     bins, per_bin = _grouped(n, bin_size)
     whole = packed.new_zeros(bins * per_bin)
     whole[:packed.numel()] = packed
-    lanes = torch.tensor(LANE_BITS, dtype=torch.uint8, device=packed.device)
-    bits = (whole[:, None] & lanes) != 0
+    bits = unpack_bits(whole, bins * per_bin * 8)
     return bits.view(bins, per_bin * 8)[:, :bin_size].reshape(-1)[:n]
 
 
@@ -102,12 +100,14 @@ class AdaComp(Compressor):
     """AdaComp with bin size ``conv_bin_size`` (conv kernels) / ``fc_bin_size`` (matrices)."""
 
     level_field = "bin_size"
+    accordion_levels = (50, 500)  # ours: the paper's conv bin vs its FC bin (no paper tried it)
 
     def __init__(self, conv_bin_size: int = 50, fc_bin_size: int = 500,
                  soft_threshold: bool = True) -> None:
         self.conv_bin_size = check_int(conv_bin_size, "compressor.conv_bin_size", 1)
         self.fc_bin_size = check_int(fc_bin_size, "compressor.fc_bin_size", 1)
         self.soft_threshold = check_bool(soft_threshold, "compressor.soft_threshold")
+        self.memory = ErrorFeedback(key="residue")  # Alg. 2's residue: the algorithm itself
         self._scratch = Scratch()
 
     def default_level(self, shape: torch.Size) -> int:
@@ -116,28 +116,26 @@ class AdaComp(Compressor):
     def validate_level(self, level: Any, field: str | None = None) -> int:
         return check_int(level, field or "level (AdaComp bin size L_T)", 1)
 
-    def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
-        world, n_layers = comm.world_size, len(layers)
-        sizes = [group_bytes(x.grad.numel(), x.level) for x in layers]
-        offsets = list(accumulate((2 * size for size in sizes[:-1]), initial=4 * n_layers))
-        length = 4 * math.ceil((4 * n_layers + 2 * sum(sizes)) / 4)  # whole fp32 words
+    def aggregate(self, layers: list[Layer], grads: list[torch.Tensor], comm: Comm
+                  ) -> Steps[list[Sent]]:
+        grads = [g.view(-1) for g in grads]
+        sizes = [group_bytes(g.numel(), x.level) for x, g in zip(layers, grads, strict=True)]
         # The message (the same length on every worker): s per layer (fp32), then each
-        # layer's sent bytes and sign bytes; this worker's bucket owns the buffers.
-        message = self._scratch.take("message", length, layers[0].grad, torch.uint8,
-                                     owner=layers[0])
+        # layer's sent bytes and sign bytes, padded to whole fp32 words.
+        offsets, length = layout([2 * size for size in sizes], header=4 * len(layers), align=4)
+        message = outbox(self._scratch, layers[0], length, torch.uint8, grads[0])
         message[offsets[-1] + 2 * sizes[-1]:].zero_()  # the padding
-        counts = self._compress(layers, message, offsets, sizes)
-        gathered = self._scratch.take("gathered", world * length, message, owner=layers[0])
-        parts = (yield comm.all_gather(message, gathered)).view(world, length)
-        self._decompress(layers, parts, offsets, sizes)
+        counts = self._compress(layers, grads, message, offsets, sizes)
+        parts = yield from gather(comm, self._scratch, layers[0], message)
+        self._decompress(layers, grads, parts, offsets, sizes)
         sent = [Sent(c * (8 if layer.level < 64 else 16) + WORD_BITS, WORD_BITS + 16 * size)
                 for layer, c, size in zip(layers, counts, sizes, strict=True)]
-        padding = 8 * (length - 4 * n_layers - 2 * sum(sizes))  # counted with the first layer
+        padding = 8 * (length - 4 * len(layers) - 2 * sum(sizes))  # counted with the first layer
         sent[0] = Sent(sent[0].bits, sent[0].wire_bits + padding)
         return sent
 
-    def _compress(self, layers: list[Layer], message: torch.Tensor, offsets: list[int],
-                  sizes: list[int]) -> list[int]:
+    def _compress(self, layers: list[Layer], grads: list[torch.Tensor], message: torch.Tensor,
+                  offsets: list[int], sizes: list[int]) -> list[int]:
         """Update every layer's residue; write its s to the ``message``'s l-th float32 word,
         its sent bytes and sign bytes (``sizes[l]`` each, see
         :func:`~compression._adacomp_kernel.group_bytes`) from ``offsets[l]``; return how many
@@ -148,8 +146,7 @@ class AdaComp(Compressor):
         (see :meth:`settle`); elsewhere, or without a C compiler, the eager torch ops of
         :meth:`_select_eager` do, with bit-identical results.
         """
-        grads = [layer.grad.view(-1) for layer in layers]
-        residues = [self._residue(layer) for layer in layers]
+        residues = [self._residue(layer, grad) for layer, grad in zip(layers, grads, strict=True)]
         lib = (_kernel.kernel() if usable(torch.float32, *grads, *residues)
                and message.device.type == "cpu" else None)
         if lib is None:
@@ -175,12 +172,11 @@ class AdaComp(Compressor):
                                 sizes)
 
     @staticmethod
-    def _decompress(layers: list[Layer], parts: torch.Tensor, offsets: list[int],
-                    sizes: list[int]) -> None:
-        """Every ``layer.grad`` = (1/W) sum_w G_q,w, from the workers' messages (rows of
-        ``parts``)."""
+    def _decompress(layers: list[Layer], outs: list[torch.Tensor], parts: torch.Tensor,
+                    offsets: list[int], sizes: list[int]) -> None:
+        """Every layer's ``outs[l]`` (flat) = (1/W) sum_w G_q,w, from the workers' messages
+        (rows of ``parts``)."""
         world, n_layers = parts.shape[0], len(layers)
-        outs = [layer.grad.view(-1) for layer in layers]
         lib = (_kernel.kernel() if usable(torch.float32, *outs) and parts.device.type == "cpu"
                and parts.is_contiguous() else None)
         if lib is not None:                         # out = sum_w sign s_w / W, in one pass
@@ -245,16 +241,11 @@ class AdaComp(Compressor):
         g.sub_(torch.where(sent, g_q, 0.0))         # residue = G - G_q where sent
         return sent, negative, scale
 
-    def _residue(self, layer: Layer) -> torch.Tensor:
+    def _residue(self, layer: Layer, grad: torch.Tensor) -> torch.Tensor:
         """The layer's residue (zeros at first), flat and zero-padded to whole bins (stored
-        with ``_kernel.SLACK`` more elements, for the kernel)."""
-        padded = math.ceil(math.prod(layer.shape) / layer.level) * layer.level
-        residue = layer.memory.get("residue")
-        if residue is None or residue.numel() != padded + _kernel.SLACK:
-            self.settle(layer)
-            n = layer.grad.numel()
-            fresh = layer.grad.new_zeros(padded + _kernel.SLACK)
-            if residue is not None:                 # bin size changed: keep the residue
-                fresh[:n] = residue[:n]
-            layer.memory["residue"] = residue = fresh
-        return residue[:padded]
+        with ``_kernel.SLACK`` more elements, for the kernel); a bin size change keeps it."""
+        padded = math.ceil(grad.numel() / layer.level) * layer.level
+        if self.memory.key in layer.memory and \
+                layer.memory[self.memory.key].numel() != padded + _kernel.SLACK:
+            self.settle(layer)                      # owed bits are laid out by bin
+        return self.memory.buffer(layer, padded + _kernel.SLACK, grad)[:padded]

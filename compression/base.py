@@ -1,32 +1,44 @@
-"""The compressor interface, the per-layer record the hook keeps, and config checks."""
+"""The compressor interface and the per-layer record the hook keeps between steps.
+
+A compressor is three parts, as in GRACE (Xu et al. 2021): its math (this class's subclasses,
+one file each), its memory (:class:`compression.memory.ErrorFeedback`: what a worker's message
+left out, added back next step) and the exchange (:mod:`compression.comm`'s collectives and
+:mod:`compression.exchange`'s fixed-length messages). A subclass declares its facts as class
+attributes and methods, which the hook, the schedulers, the analysis and the tests read:
+
+- ``level_field``: the config key of its compression level (PowerSGD ``rank``, Top-K ``ratio``,
+  AdaComp ``bin_size``), set per layer at runtime by the schedulers;
+- ``accordion_levels``: the (low, high) pair Accordion switches between by default;
+- :meth:`step_bits`: the bits a layer of a shape sends per step at a level, where that depends
+  on nothing else (None where it depends on the gradients, as AdaComp's).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from compression.comm import Comm, Steps
+from compression.memory import ErrorFeedback
 from core.errors import ConfigError
 
 
 @dataclass
 class Layer:
-    """One parameter tensor as the hook sees it in a step.
+    """One parameter tensor as the hook keeps it from step to step.
 
-    ``grad`` is this worker's local gradient (a view into DDP's bucket buffer) on entry; a
-    compressor overwrites it with the aggregate every worker applies. ``level`` is the layer's
-    compression level (PowerSGD rank, Top-K ratio, AdaComp bin size). ``memory`` holds the
-    compressor's state for this layer (error feedback, residue, warm-start Q, ...), kept across
-    steps and checkpointed.
+    ``level`` is the layer's compression level (PowerSGD rank, Top-K ratio, AdaComp bin size);
+    ``memory`` holds the compressor's state for this layer (error feedback, residue, warm-start
+    Q, ...), kept across steps and checkpointed. A step's gradients are not kept here: the
+    hook hands them to :meth:`Compressor.aggregate` beside their layers.
     """
 
     name: str
     shape: torch.Size
     level: Any = None
     memory: dict[str, torch.Tensor] = field(default_factory=dict)
-    grad: torch.Tensor | None = None
 
 
 class Sent(NamedTuple):
@@ -49,9 +61,11 @@ class Compressor:
     configuration only: per-layer state lives in :attr:`Layer.memory`.
     """
 
-    name: str = "base"
-    compresses: bool = True
-    level_field: str = "level"  # the config key that sets every layer's default level
+    name: ClassVar[str] = "base"
+    compresses: ClassVar[bool] = True
+    level_field: ClassVar[str] = "level"  # the config key that sets every layer's default level
+    accordion_levels: ClassVar[tuple[Any, Any] | None] = None  # Accordion's default (low, high)
+    memory: ErrorFeedback = ErrorFeedback(enabled=False)  # error feedback (none by default)
 
     def default_level(self, shape: torch.Size) -> Any:
         """The level a layer of ``shape`` starts with (e.g. the configured rank)."""
@@ -63,18 +77,30 @@ class Compressor:
         raise ConfigError(f"{field or 'compressor.name'}: compressor {self.name!r} has no "
                           f"levels to set")
 
+    def step_bits(self, shape: torch.Size, level: Any) -> int | None:
+        """Payload bits (``Sent.bits``) one worker sends per step for a layer of ``shape`` at
+        ``level``; None where that depends on the gradients, not only on shape and level."""
+        return None
+
     def settle(self, layer: Layer) -> None:
         """Bring ``layer.memory`` to its plain form (a compressor may defer part of a step's
         update to the next step); called before the memory is saved or read from outside."""
 
-    def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
-        """Steps that overwrite every ``layer.grad`` with the mean over workers of its
-        (compressed) gradient; returns what this worker sent for each layer, in order."""
+    def error(self, layer: Layer) -> torch.Tensor | None:
+        """The layer's error-feedback memory, settled and shaped as the layer (None without)."""
+        self.settle(layer)
+        return self.memory.peek(layer)
+
+    def aggregate(self, layers: list[Layer], grads: list[torch.Tensor], comm: Comm
+                  ) -> Steps[list[Sent]]:
+        """Steps that overwrite every ``grads[i]`` (this worker's gradient of ``layers[i]``, a
+        view into DDP's bucket) with the mean over workers of its (compressed) gradient;
+        returns what this worker sent for each layer, in order."""
         raise NotImplementedError
 
 
 class Scratch:
-    """Reusable buffers for a compressor's large temporaries (|G|, masks, ...).
+    """Reusable buffers for a compressor's large temporaries (|G|, masks, messages, ...).
 
     Not state: a buffer's contents are garbage between uses, and a slot must not be taken again
     while its last view is still in use. Reusing them spares the page faults a fresh allocation

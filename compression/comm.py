@@ -114,6 +114,7 @@ class SimComm:
         self.exchange = exchange
         self.rank = rank
         self.world_size = exchange.world_size
+        self.bytes_sent = 0  # what this worker has put into its collectives so far
 
     @staticmethod
     def group(world_size: int) -> list[SimComm]:
@@ -122,11 +123,13 @@ class SimComm:
         return [SimComm(exchange, r) for r in range(world_size)]
 
     def all_reduce(self, tensor: torch.Tensor) -> Pending:
+        self.bytes_sent += tensor.numel() * tensor.element_size()
         return Pending(self.exchange.post(self.rank, "all_reduce", tensor, tensor), tensor)
 
     def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> Pending:
         if out is None:
             out = tensor.new_empty(self.world_size * tensor.numel())
+        self.bytes_sent += tensor.numel() * tensor.element_size()
         return Pending(self.exchange.post(self.rank, "all_gather", tensor, out), out)
 
 

@@ -37,19 +37,20 @@ FP32_BITS = 32
 
 
 def aggregate_bucket(compressor: Compressor, dense: list[torch.Tensor], layers: list[Layer],
-                     comm: Comm) -> Steps[list[Sent]]:
+                     grads: list[torch.Tensor], comm: Comm) -> Steps[list[Sent]]:
     """Steps that replace every gradient of a bucket by the mean over workers.
 
     ``dense`` tensors go uncompressed in one all-reduce (one tensor is reduced in place, several
-    through a flat copy); ``layers`` through ``compressor``. Returns what this worker sent: one
-    entry for the dense tensors together, then one per layer.
+    through a flat copy); ``layers`` (with this worker's gradients ``grads``) through
+    ``compressor``. Returns what this worker sent: one entry for the dense tensors together,
+    then one per layer.
     """
     world = comm.world_size
     flat, reduced = None, None
     if dense:
         flat = dense[0] if len(dense) == 1 else _flatten_dense_tensors(dense)
         reduced = comm.all_reduce(flat)  # started first: it overlaps the compressor's work
-    sent = (yield from compressor.aggregate(layers, comm)) if layers else []
+    sent = (yield from compressor.aggregate(layers, grads, comm)) if layers else []
     if flat is None:
         return sent
     mean = (yield reduced).div_(world)
@@ -153,17 +154,14 @@ class HookState:
 
     # ---- used by the hook ---------------------------------------------------------------
     def split(self, names: list[str], grads: list[torch.Tensor], buffer: torch.Tensor
-              ) -> tuple[list[torch.Tensor], list[Layer]]:
-        """A bucket's tensors sent dense, and its compressed layers (``grad`` set to the
-        bucket's views): with ``compressor=none`` the whole buffer goes dense."""
+              ) -> tuple[list[torch.Tensor], list[Layer], list[torch.Tensor]]:
+        """A bucket's tensors sent dense, its compressed layers and their gradients (views into
+        the bucket): with ``compressor=none`` the whole buffer goes dense."""
         if not self.compressor.compresses:
-            return [buffer], []
-        layers = []
-        for name, grad in zip(names, grads, strict=True):
-            if grad.ndim > 1:
-                layers.append(self.layers[name])
-                layers[-1].grad = grad
-        return [g for g in grads if g.ndim <= 1], layers
+            return [buffer], [], []
+        compressed = [(self.layers[n], g) for n, g in zip(names, grads, strict=True) if g.ndim > 1]
+        return ([g for g in grads if g.ndim <= 1], [layer for layer, _ in compressed],
+                [g for _, g in compressed])
 
     def _accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
         for name, grad in zip(names, grads, strict=True):
@@ -174,13 +172,11 @@ class HookState:
                 acc.add_(grad)
 
     def _bucket_steps(self, previous: Future, dense: list[torch.Tensor], layers: list[Layer],
-                      buffer: torch.Tensor) -> Steps[torch.Tensor]:
+                      grads: list[torch.Tensor], buffer: torch.Tensor) -> Steps[torch.Tensor]:
         yield Pending(previous)  # start this bucket's collectives after the previous bucket's
-        sent = yield from aggregate_bucket(self.compressor, dense, layers, self.comm)
+        sent = yield from aggregate_bucket(self.compressor, dense, layers, grads, self.comm)
         self.bits += sum(s.bits for s in sent)
         self.wire_bits += sum(s.wire_bits for s in sent)
-        for layer in layers:
-            layer.grad = None
         return buffer
 
 
@@ -192,7 +188,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]
     state._accumulate(names, grads)
     state.bits_dense += FP32_BITS * buffer.numel()
 
-    dense, layers = state.split(names, grads, buffer)
-    steps = state._bucket_steps(state._previous, dense, layers, buffer)
+    dense, layers, compressed = state.split(names, grads, buffer)
+    steps = state._bucket_steps(state._previous, dense, layers, compressed, buffer)
     state._previous = drive(steps, state.timer)
     return state._previous

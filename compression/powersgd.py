@@ -33,6 +33,7 @@ is kept. Where this differs from reference code:
 from __future__ import annotations
 
 import logging
+import math
 import zlib
 from collections import defaultdict
 from typing import Any
@@ -42,6 +43,7 @@ import torch
 from compression import register
 from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, Steps
+from compression.memory import ErrorFeedback
 from core.errors import check_int
 
 log = logging.getLogger(__name__)
@@ -75,10 +77,12 @@ class PowerSGD(Compressor):
     """Rank-``rank`` PowerSGD; ``seed`` seeds the initial Q (identical on every rank)."""
 
     level_field = "rank"
+    accordion_levels = (2, 1)  # Accordion's pair (its SENet and VGG-19bn runs use 4 / 1)
 
     def __init__(self, rank: int = 2, seed: int = 0) -> None:
         self.rank = check_int(rank, "compressor.rank", 1)
         self.seed = check_int(seed, "compressor.seed", 0)
+        self.memory = ErrorFeedback()
         self._noted_dense: set[str] = set()
 
     def default_level(self, shape: torch.Size) -> int:
@@ -87,20 +91,23 @@ class PowerSGD(Compressor):
     def validate_level(self, level: Any, field: str | None = None) -> int:
         return check_int(level, field or "compressor.rank", 1)
 
-    def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
+    def step_bits(self, shape: torch.Size, level: Any) -> int:
+        n, m = shape[0], math.prod(shape[1:])
+        r = min(level, n, m)
+        return FP32_BITS * ((n + m) * r if (n + m) * r < n * m else n * m)
+
+    def aggregate(self, layers: list[Layer], grads: list[torch.Tensor], comm: Comm
+                  ) -> Steps[list[Sent]]:
         world = comm.world_size
-        low_rank, dense, bits = [], [], []
-        for layer in layers:
-            m_matrix = layer.grad.view(layer.shape[0], -1)
-            n, m = m_matrix.shape
+        low_rank, dense = [], []
+        for layer, grad in zip(layers, grads, strict=True):
+            n, m = layer.shape[0], grad.numel() // layer.shape[0]
             r = min(layer.level, n, m)
             if (n + m) * r < n * m:
-                low_rank.append((layer, m_matrix, r))
-                bits.append(FP32_BITS * (n + m) * r)
+                low_rank.append((layer, grad.view(n, m), r))
             else:
                 self._note_dense(layer.name, n, m, r)
-                dense.append((layer, m_matrix))
-                bits.append(FP32_BITS * n * m)
+                dense.append((layer, grad.view(n, m)))
 
         # P message: the P's grouped by (n, r), so each group orthogonalizes as one batch,
         # then the dense layers' M's.
@@ -108,61 +115,52 @@ class PowerSGD(Compressor):
         for item in low_rank:
             groups[(item[1].shape[0], item[2])].append(item)
         p_size = sum(n * r * len(g) for (n, r), g in groups.items())
-        flat_p = torch.empty(p_size + sum(mat.numel() for _, mat in dense),
-                             dtype=layers[0].grad.dtype, device=layers[0].grad.device)
+        flat_p = grads[0].new_empty(p_size + sum(g.numel() for _, g in dense))
         batches, ps, offset = [], [], 0
         for (n, r), group in groups.items():
             batch = flat_p[offset:offset + len(group) * n * r].view(len(group), n, r)
             batches.append(batch)
-            for i, (layer, mat, _) in enumerate(group):
-                mat.add_(self._error(layer, mat))         # M = g + e
-                torch.mm(mat, self._warm_q(layer, mat.shape[1], r), out=batch[i])  # P = M Q
-                ps.append((layer, mat, batch[i]))
+            for i, (layer, grad, _) in enumerate(group):
+                acc = self.memory.compensate(layer, grad).view(grad.shape)  # M = g + e
+                torch.mm(acc, self._warm_q(layer, grad, r), out=batch[i])    # P = M Q
+                ps.append((layer, grad, acc, batch[i]))
             offset += batch.numel()
-        for layer, mat in dense:
-            error = layer.memory.pop("error", None)
-            if error is not None:
-                mat.add_(error)                           # M = g + e, sent whole: e = 0
-            flat_p[offset:offset + mat.numel()].copy_(mat.view(-1))
-            offset += mat.numel()
+        for layer, grad in dense:                                  # M = g + e, sent whole:
+            flat_p[offset:offset + grad.numel()].copy_(self.memory.drain(layer, grad))  # e = 0
+            offset += grad.numel()
 
         yield comm.all_reduce(flat_p)                     # P = all_reduce(P)
 
         offset = p_size
-        for _, mat in dense:
-            torch.div(flat_p[offset:offset + mat.numel()].view_as(mat), world, out=mat)
-            offset += mat.numel()
+        for _, grad in dense:
+            torch.div(flat_p[offset:offset + grad.numel()].view_as(grad), world, out=grad)
+            offset += grad.numel()
         for batch in batches:
             orthogonalize(batch)                          # P = orthogonalize(P)
-        flat_q = flat_p.new_empty(sum(mat.shape[1] * p.shape[1] for _, mat, p in ps))
+        flat_q = flat_p.new_empty(sum(acc.shape[1] * p.shape[1] for _, _, acc, p in ps))
         qs, offset = [], 0
-        for _, mat, p in ps:
-            q = flat_q[offset:offset + mat.shape[1] * p.shape[1]].view(mat.shape[1], p.shape[1])
-            torch.mm(mat.T, p, out=q)                     # Q = M^T P
+        for _, _, acc, p in ps:
+            q = flat_q[offset:offset + acc.shape[1] * p.shape[1]].view(acc.shape[1], p.shape[1])
+            torch.mm(acc.T, p, out=q)                     # Q = M^T P
             qs.append(q)
             offset += q.numel()
 
         yield comm.all_reduce(flat_q)
         flat_q.div_(world)                                # Q = all_reduce(Q) / W
 
-        for (layer, mat, p), q in zip(ps, qs, strict=True):
-            error = layer.memory["error"]
-            torch.addmm(mat, p, q.T, alpha=-1, out=error)  # e = M - P Q^T
-            torch.mm(p, q.T, out=mat)                     # out = P Q^T
+        for (layer, grad, acc, p), q in zip(ps, qs, strict=True):
+            if self.memory.enabled:
+                acc.addmm_(p, q.T, alpha=-1)              # e = M - P Q^T
+            torch.mm(p, q.T, out=grad)                    # out = P Q^T
             layer.memory["q"] = q                         # warm start for the next step
+        bits = [self.step_bits(layer.shape, layer.level) for layer in layers]
         return [Sent(b, b) for b in bits]
 
-    def _error(self, layer: Layer, matrix: torch.Tensor) -> torch.Tensor:
-        """The layer's error memory e (zeros at first)."""
-        if "error" not in layer.memory:
-            layer.memory["error"] = torch.zeros_like(matrix)
-        return layer.memory["error"]
-
-    def _warm_q(self, layer: Layer, m: int, r: int) -> torch.Tensor:
+    def _warm_q(self, layer: Layer, grad: torch.Tensor, r: int) -> torch.Tensor:
         """The previous step's Q (m x r), cut or extended to rank r after a level change."""
         q = layer.memory.get("q")
         if q is None or q.shape[1] < r:
-            initial = initial_q(self.seed, layer.name, m, r).to(layer.grad)
+            initial = initial_q(self.seed, layer.name, grad.shape[1], r).to(grad)
             q = initial if q is None else torch.cat([q, initial[:, q.shape[1]:]], dim=1)
         return q[:, :r]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from compression.base import Layer
+from compression.base import Layer, Sent
 from compression.comm import SimComm, drive
 from compression.hook import aggregate_bucket
 
@@ -39,6 +39,7 @@ class Simulation:
         level = self.compressor.default_level(self.shape) if self.compressed else None
         self.layers = [Layer(layer_name, self.shape, level) for _ in range(world_size)]
         self.comms = SimComm.group(world_size)
+        self.sent: list[list[Sent]] = []  # the last step's, per worker: dense part, then layer
 
     def set_level(self, level: Any) -> None:
         """Set the layer's compression level on every worker (from the next step)."""
@@ -63,16 +64,13 @@ class Simulation:
                 raise ValueError(f"steps: every gradient must have shape {tuple(self.shape)}, got "
                                  f"{tuple(g.shape)}")
             grad = g.detach().to(torch.float32, copy=True).contiguous()
-            layer.grad = grad if self.compressed else None
-            dense, layers = ([], [layer]) if self.compressed else ([grad], [])
+            dense, layers, grads = ([], [layer], [grad]) if self.compressed else ([grad], [], [])
             outputs.append(grad)
-            futures.append(drive(aggregate_bucket(self.compressor, dense, layers, comm)))
+            futures.append(drive(aggregate_bucket(self.compressor, dense, layers, grads, comm)))
         if not all(f.done() for f in futures):
             raise RuntimeError("simulated workers did not finish the step together")
-        bits = [sum(s.bits for s in f.value()) for f in futures]
-        for layer in self.layers:
-            layer.grad = None
-        return outputs[0], bits
+        self.sent = [f.value() for f in futures]
+        return outputs[0], [sum(s.bits for s in sent) for sent in self.sent]
 
 
 def simulate(name: str, steps: Sequence[Sequence[torch.Tensor]], **params: Any

@@ -30,8 +30,9 @@ import torch
 from compression import _topk_kernel as _kernel
 from compression import register
 from compression._native import usable
-from compression.base import Compressor, Layer, Scratch, Sent
-from compression.comm import Comm, Steps
+from compression.base import Layer, Scratch
+from compression.exchange import GatherCompressor
+from compression.memory import ErrorFeedback
 from core.errors import check_ratio
 
 VALUE_AND_INDEX_BITS = 64  # fp32 value + int32 index
@@ -90,14 +91,17 @@ def kept_indices(key: torch.Tensor, k: int, scratch: Scratch | None = None) -> t
 
 
 @register("topk")
-class TopK(Compressor):
+class TopK(GatherCompressor):
     """Keep the ``ratio`` largest-magnitude entries of each layer's error-corrected gradient."""
 
     level_field = "ratio"
+    accordion_levels = (0.99, 0.10)  # Accordion's CIFAR-10 pair (CIFAR-100: 0.25, LSTM: 0.02)
+    message_dtype = torch.int32      # fp32 values (as their bits) and int32 indices
 
     def __init__(self, ratio: float = 0.1) -> None:
+        super().__init__()
         self.ratio = check_ratio(ratio, "compressor.ratio")
-        self._scratch = Scratch()
+        self.memory = ErrorFeedback()
 
     def default_level(self, shape: torch.Size) -> float:
         return self.ratio
@@ -105,30 +109,13 @@ class TopK(Compressor):
     def validate_level(self, level: Any, field: str | None = None) -> float:
         return check_ratio(level, field or "compressor.ratio")
 
-    def aggregate(self, layers: list[Layer], comm: Comm) -> Steps[list[Sent]]:
-        world = comm.world_size
-        ks = [max(1, math.floor(layer.level * layer.grad.numel())) for layer in layers]
-        # The message and the gather outlive the yield, and the next bucket may start before
-        # this one's gather completes: one pair of buffers per worker and bucket (its first
-        # layer's record).
-        message = self._scratch.take("message", 2 * sum(ks), layers[0].grad, torch.int32,
-                                     owner=layers[0])
-        offset = 0
-        for layer, k in zip(layers, ks, strict=True):
-            self._compress(layer, k, message[offset:offset + 2 * k])
-            offset += 2 * k
+    def step_bits(self, shape: torch.Size, level: Any) -> int:
+        return VALUE_AND_INDEX_BITS * kept(math.prod(shape), level)
 
-        gathered = self._scratch.take("gathered", world * message.numel(), message,
-                                      owner=layers[0])
-        parts = (yield comm.all_gather(message, gathered)).view(world, -1)
+    def message_size(self, layer: Layer, numel: int) -> int:
+        return 2 * kept(numel, layer.level)
 
-        offset = 0
-        for layer, k in zip(layers, ks, strict=True):
-            self._decompress(layer.grad.view(-1), parts[:, offset:offset + 2 * k], k)
-            offset += 2 * k
-        return [Sent(VALUE_AND_INDEX_BITS * k, VALUE_AND_INDEX_BITS * k) for k in ks]
-
-    def _compress(self, layer: Layer, k: int, message: torch.Tensor) -> None:
+    def compress(self, layer: Layer, grad: torch.Tensor, message: torch.Tensor) -> int:
         """acc = g + e; S = the k largest |acc|; ``message`` (2k int32) = fp32 acc[S], then S
         (ascending); e = acc - sparse_own.
 
@@ -136,28 +123,26 @@ class TopK(Compressor):
         _topk_kernel`); elsewhere, or without a C compiler, the eager torch ops below do, with
         bit-identical results.
         """
-        grad = layer.grad.view(-1)
-        if "error" not in layer.memory:
-            layer.memory["error"] = torch.zeros_like(grad)
-        error = layer.memory["error"]
+        k = message.numel() // 2
+        error = self.memory.buffer(layer, grad.numel(), grad)
         lib = (_kernel.kernel() if usable(torch.float32, error, grad)
                and usable(torch.int32, message) else None)
-        if lib is not None:
+        if lib is not None:                             # the same, fused in one pass
             workspace = self._scratch.take("histogram", _kernel.HISTOGRAM, grad, torch.int32)
             _kernel.compress(lib, error, grad, k, message, workspace)
-            return
-        acc = error.add_(grad)                          # acc = g + e
+            return VALUE_AND_INDEX_BITS * k
+        acc = self.memory.compensate(layer, grad)       # acc = g + e
         key = torch.bitwise_and(acc.view(torch.int32), 0x7FFFFFFF,  # |acc| as ordered bits
                                 out=self._scratch.take("key", acc.numel(), acc, torch.int32))
         index = kept_indices(key, k, self._scratch)     # S = the k largest |acc|
         torch.index_select(acc, 0, index, out=message[:k].view(acc.dtype))
         message[k:].copy_(index)                        # message: values, then indices
         acc.index_fill_(0, index, 0)                    # e = acc - sparse_own
+        return VALUE_AND_INDEX_BITS * k
 
-    @staticmethod
-    def _decompress(out: torch.Tensor, parts: torch.Tensor, k: int) -> None:
+    def decompress(self, layer: Layer, parts: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` = (1/W) sum_w sparse_w from every worker's message (rows of ``parts``)."""
-        world = parts.shape[0]
+        world, k = parts.shape[0], parts.shape[1] // 2
         lib = _kernel.kernel() if usable(torch.float32, out) else None
         if lib is not None:
             _kernel.decompress(lib, out, parts, k)
@@ -165,3 +150,8 @@ class TopK(Compressor):
         values = parts[:, :k].reshape(-1).view(out.dtype)
         index = parts[:, k:].reshape(-1)
         out.zero_().index_add_(0, index, values, alpha=1 / world)  # (1/W) sum_w sparse_w
+
+
+def kept(numel: int, ratio: float) -> int:
+    """k = max(1, floor(ratio N)): the entries a layer of N elements keeps."""
+    return max(1, math.floor(ratio * numel))

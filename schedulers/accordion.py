@@ -27,19 +27,12 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import compression
 from compression.base import Compressor
 from compression.hook import HookState
 from core.errors import ConfigError, check_int
 from schedulers import register
 from schedulers.base import Scheduler
-
-# The papers' (low, high) pair per compressor, used where scheduler.low / high are null.
-# AdaComp's is ours: its paper's conv bin (50) vs its FC bin (500).
-DEFAULT_LEVELS: dict[str, tuple[Any, Any]] = {
-    "powersgd": (2, 1),
-    "topk": (0.99, 0.10),
-    "adacomp": (50, 500),
-}
 
 
 def check_detector(eta: Any, interval: Any) -> None:
@@ -54,7 +47,7 @@ def is_check_epoch(epoch: int, interval: int) -> bool:
     return epoch >= interval and epoch % interval == 0
 
 
-def ratio(prev: float, curr: float) -> float:
+def relative_change(prev: float, curr: float) -> float:
     """Algorithm 1's statistic | ||Delta_prev|| - ||Delta_curr|| | / ||Delta_prev||.
 
     A previous norm of 0 gives inf: it counts as critical, as in the authors' code.
@@ -86,7 +79,7 @@ def replay(norms: Sequence[dict[str, float]], lrs: Sequence[float], eta: float =
         if is_check_epoch(epoch, interval):  # Algorithm 1: compare Delta_{e-interval}, Delta_e
             before, now = norms[epoch - interval], norms[epoch]
             for n in names:
-                if ratio(_norm(before, n, epoch - interval), _norm(now, n, epoch)) >= eta:
+                if relative_change(_norm(before, n, epoch - interval), _norm(now, n, epoch)) >= eta:
                     critical_until[n] = epoch + interval
         if lrs[epoch + 1] < lr:  # Algorithm 1: gamma_next < gamma_curr
             last = math.ceil((epoch + 1) / interval) * interval  # next multiple, inclusive
@@ -135,7 +128,7 @@ class History:
         if not is_check_epoch(epoch, self.interval):
             return {}
         before, now = self.norms[epoch - self.interval], self.norms[epoch]
-        return {n: ratio(before[n], now[n]) for n in layers}
+        return {n: relative_change(before[n], now[n]) for n in layers}
 
     def decisions(self) -> list[dict[str, bool]]:
         """Every decision the history implies: epochs 0 .. len(norms)."""
@@ -159,16 +152,17 @@ class History:
 
 
 def resolve_levels(compressor: Compressor, low: Any, high: Any) -> tuple[Any, Any]:
-    """(low, high) as ``compressor`` takes them; null ones from DEFAULT_LEVELS.
+    """(low, high) as ``compressor`` takes them; null ones from its ``accordion_levels``.
 
     A level the compressor rejects raises its ConfigError naming ``scheduler.low`` / ``.high``.
     """
     if low is None or high is None:
-        if compressor.name not in DEFAULT_LEVELS:
+        if compressor.accordion_levels is None:
             raise ConfigError(f"scheduler.low: compressor {compressor.name!r} has no levels to "
-                              f"switch; use compressor {sorted(DEFAULT_LEVELS)} or "
-                              f"scheduler=static / accordion_batch")
-        default_low, default_high = DEFAULT_LEVELS[compressor.name]
+                              f"switch; use a compressor with levels "
+                              f"({compression.with_levels()}) or scheduler=static / "
+                              f"accordion_batch")
+        default_low, default_high = compressor.accordion_levels
         low = default_low if low is None else low
         high = default_high if high is None else high
     return (compressor.validate_level(low, "scheduler.low"),
@@ -179,7 +173,7 @@ def resolve_levels(compressor: Compressor, low: Any, high: Any) -> tuple[Any, An
 class Accordion(Scheduler):
     """Per compressed layer: level ``low`` in critical regimes, ``high`` elsewhere.
 
-    ``low`` / ``high`` null take the compressor's pair from DEFAULT_LEVELS.
+    ``low`` / ``high`` null take the compressor's ``accordion_levels``.
     """
 
     def __init__(self, low: Any = None, high: Any = None, eta: float = 0.5,
