@@ -134,8 +134,8 @@ class Ours:
     def __call__(self) -> None:
         state = self.state
         for b in self.buckets:
-            dense, layers = state.split(b.names, b.gradients(), b.buffer())
-            drive(aggregate_bucket(state.compressor, dense, layers, state.comm),
+            dense, layers, grads = state.split(b.names, b.gradients(), b.buffer())
+            drive(aggregate_bucket(state.compressor, dense, layers, grads, state.comm),
                   self.timer).wait()
 
 
