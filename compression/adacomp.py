@@ -205,10 +205,10 @@ class AdaComp(Compressor):
         scale = layer.memory.pop("scale", None)
         if owed is not None:
             residue = layer.memory["residue"]
-            kernel = _kernel.kernel()
-            assert kernel is not None, "an owed bitmap exists only where the kernel runs"
-            kernel.adacomp_settle(residue.data_ptr(), math.prod(layer.shape), int(bin_size),
-                                  owed.data_ptr(), scale.item())
+            lib = _kernel.kernel()
+            assert lib is not None, "an owed bitmap exists only where the kernel runs"
+            _kernel.settle(lib, residue, math.prod(layer.shape), int(bin_size), owed,
+                           scale.item())
 
     def _owed(self, layer: Layer) -> torch.Tensor:
         """The layer's owed bits for its bin size (zeros, and s = 0, at first)."""
