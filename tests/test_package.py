@@ -15,10 +15,10 @@ import pytest
 
 from tests.conftest import ROOT
 
-# What is never part of the source tree: version control, virtual environments, caches, build
-# output, run records and datasets.
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".*_cache", "*.egg-info",
-                                    "build", "dist", "outputs", "multirun", "wandb", "datasets")
+# What is not the package's source: hidden files (version control, the virtual environment,
+# caches, CI), byte code, build output, run records and datasets.
+NOT_SOURCE = shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "build", "dist", "outputs",
+                                    "multirun", "wandb", "datasets")
 
 # Run by the installed environment's Python, from a directory outside the repository.
 CHECK = """
