@@ -1,9 +1,11 @@
 """Small C kernels for the compressors' CPU hot loops: built once, cached, loaded with ctypes.
 
-Each kernel's source follows :data:`PRELUDE` (headers, ``X86``, ``use_avx2()``).
-A kernel is plain C (no torch headers, no ninja): it compiles in a fraction of a second with the
-system C compiler and is cached as ``$XDG_CACHE_HOME/accordion-bench/<name>_<hash>.so``, keyed
-by the hash of its source, compiler and flags (older builds of the same kernel are removed).
+The C sources are package data in ``compression/kernels/``: ``<name>.c`` for each kernel, which
+includes ``prelude.h`` (headers, ``X86``, ``use_avx2()``). A kernel is plain C (no torch headers,
+no ninja): it compiles in a fraction of a second with the system C compiler and is cached as
+``$XDG_CACHE_HOME/accordion-bench/<name>_<hash>.so``, keyed by the hash of its sources, compiler
+and flags (older builds of the same kernel are removed). Constants that Python and C share are
+defined here or in the kernel's Python module and handed to the compiler as ``-D`` flags.
 Without a compiler, :meth:`Library.get` warns once and returns None, and the compressor runs its
 eager torch path, which the kernel must match bit for bit (the tests check it).
 """
@@ -27,29 +29,11 @@ FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11", "-ffp-contract=off", "-fno-fas
 
 Signature = tuple[list[Any], Any]  # ctypes argtypes, restype
 
-# What every kernel's C source starts with: the headers, X86 where the AVX2 code paths can be
-# built, and use_avx2(): whether to take them (the CPU has AVX2, and PORTABLE_ENV is not set:
-# the tests' way to run the portable loops on any machine).
+# The C sources, shipped with the package.
+KERNELS = Path(__file__).with_name("kernels")
+# Set in the environment, this variable makes use_avx2() (kernels/prelude.h) false: the tests'
+# way to run the portable loops on any machine.
 PORTABLE_ENV = "ACCORDION_BENCH_PORTABLE"
-PRELUDE = r"""
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define X86 1
-#endif
-static int use_avx2(void) {
-    static int cached = -1;
-    if (cached < 0) {
-        cached = 0;
-#ifdef X86
-        cached = __builtin_cpu_supports("avx2") && !getenv("ACCORDION_BENCH_PORTABLE");
-#endif
-    }
-    return cached;
-}
-"""
 
 
 def compiler() -> str | None:
@@ -63,10 +47,14 @@ def cache_dir() -> Path:
 
 
 class Library:
-    """The kernel ``name`` built from C ``source``, exporting ``functions`` (name: signature)."""
+    """The kernel ``name`` built from ``kernels/<name>.c``, exporting ``functions`` (name:
+    signature); ``defines``: the constants it shares with Python (each a ``-D`` flag)."""
 
-    def __init__(self, name: str, source: str, functions: dict[str, Signature]) -> None:
-        self.name, self.source, self.functions = name, PRELUDE + source, functions
+    def __init__(self, name: str, functions: dict[str, Signature],
+                 defines: dict[str, int] | None = None) -> None:
+        self.name, self.functions = name, functions
+        macros = {"PORTABLE_ENV": f'"{PORTABLE_ENV}"', **(defines or {})}
+        self.flags = (*FLAGS, *(f"-D{macro}={value}" for macro, value in macros.items()))
         self._lib: ctypes.CDLL | None = None
         self._tried = False
 
@@ -88,20 +76,28 @@ class Library:
         """Forget the loaded library: the next :meth:`get` builds (or finds) it again."""
         self._lib, self._tried = None, False
 
+    def sources(self) -> dict[str, str]:
+        """The C files the kernel is built from (file name: text): its ``.c`` and the headers."""
+        files = [KERNELS / f"{self.name}.c", *sorted(KERNELS.glob("*.h"))]
+        return {path.name: path.read_text(encoding="utf-8") for path in files}
+
     def _build(self) -> Path:
         cc = compiler()
         if cc is None:
             raise RuntimeError("no C compiler (cc, gcc or $CC) found")
-        tag = hashlib.sha256((self.source + cc + " ".join(FLAGS)).encode()).hexdigest()
+        sources = self.sources()
+        key = [*(part for item in sources.items() for part in item), cc, *self.flags]
+        tag = hashlib.sha256("\0".join(key).encode()).hexdigest()
         cache = cache_dir()
         path = cache / f"{self.name}_{tag[:16]}.so"
         if path.exists():
             return path
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            for name, text in sources.items():  # compile exactly the text that was hashed
+                (Path(tmp) / name).write_text(text, encoding="utf-8")
             src, lib = Path(tmp) / f"{self.name}.c", Path(tmp) / f"{self.name}.so"
-            src.write_text(self.source)
-            subprocess.run([cc, *FLAGS, str(src), "-o", str(lib)], check=True,
+            subprocess.run([cc, *self.flags, str(src), "-o", str(lib)], check=True,
                            capture_output=True, text=True)
             os.replace(lib, path)  # atomic: ranks building at once all load a whole file
         return path

@@ -48,7 +48,7 @@ import torch
 
 from compression import _adacomp_kernel as _kernel
 from compression import register
-from compression._adacomp_kernel import group_bytes
+from compression._adacomp_kernel import GROUP, group_bytes
 from compression._native import usable
 from compression.base import Compressor, Layer, Scratch, Sent
 from compression.comm import Comm, Steps
@@ -60,15 +60,15 @@ WORD_BITS = 32  # the fp32 scale of our wire format
 
 
 def _grouped(n: int, bin_size: int) -> tuple[int, int]:
-    """Bins of a layer of ``n`` elements, and bytes (groups of 8) per bin."""
-    return math.ceil(n / bin_size), math.ceil(bin_size / 8)
+    """Bins of a layer of ``n`` elements, and bytes (groups of GROUP = 8) per bin."""
+    return math.ceil(n / bin_size), math.ceil(bin_size / GROUP)
 
 
 def pack_groups(mask: torch.Tensor, n: int, bin_size: int) -> torch.Tensor:
     """The bits of the flat bool ``mask`` (``n`` elements, maybe padded to whole bins), a byte
     per group of 8 elements of a bin: :func:`~compression._adacomp_kernel.group_bytes` bytes."""
     bins, per_bin = _grouped(n, bin_size)
-    padded = mask.new_zeros(bins, per_bin * 8)
+    padded = mask.new_zeros(bins, per_bin * GROUP)
     elements = mask.new_zeros(bins * bin_size)
     elements[:n] = mask[:n]
     padded[:, :bin_size] = elements.view(bins, bin_size)
@@ -80,8 +80,8 @@ def unpack_groups(packed: torch.Tensor, n: int, bin_size: int) -> torch.Tensor:
     bins, per_bin = _grouped(n, bin_size)
     whole = packed.new_zeros(bins * per_bin)
     whole[:packed.numel()] = packed
-    bits = unpack_bits(whole, bins * per_bin * 8)
-    return bits.view(bins, per_bin * 8)[:, :bin_size].reshape(-1)[:n]
+    bits = unpack_bits(whole, bins * per_bin * GROUP)
+    return bits.view(bins, per_bin * GROUP)[:, :bin_size].reshape(-1)[:n]
 
 
 def pairwise_mean(x: torch.Tensor) -> torch.Tensor:
@@ -201,10 +201,10 @@ class AdaComp(Compressor):
         scale = layer.memory.pop("scale", None)
         if owed is not None:
             residue = layer.memory["residue"]
-            kernel = _kernel.kernel()
-            assert kernel is not None, "an owed bitmap exists only where the kernel runs"
-            kernel.adacomp_settle(residue.data_ptr(), math.prod(layer.shape), int(bin_size),
-                                  owed.data_ptr(), scale.item())
+            lib = _kernel.kernel()
+            assert lib is not None, "an owed bitmap exists only where the kernel runs"
+            _kernel.settle(lib, residue, math.prod(layer.shape), int(bin_size), owed,
+                           scale.item())
 
     def _owed(self, layer: Layer) -> torch.Tensor:
         """The layer's owed bits for its bin size (zeros, and s = 0, at first)."""

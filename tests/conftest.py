@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -70,6 +71,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- compressors: simulated gradients, AdaComp's reference (test_compression.py and
+# test_adacomp_kernel.py) ------------------------------------------------------------
+def random_steps(shape: tuple[int, ...], workers: int, steps: int, seed: int = 0
+                 ) -> list[list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(shape, generator=gen) for _ in range(workers)] for _ in range(steps)]
+
+
+def ref_adacomp(steps: list[list[torch.Tensor]], bin_size: int, soft: bool = True
+                ) -> tuple[list[torch.Tensor], list[list[int]], list[torch.Tensor]]:
+    """Chen et al. Alg. 2, bin by bin, element by element (float64).
+
+    Returns the mean outputs, the paper's bits per worker per step, and the final residues.
+    """
+    n = steps[0][0].numel()
+    residues = [torch.zeros(n, dtype=torch.float64) for _ in steps[0]]
+    outs, bits = [], []
+    for grads in steps:
+        quantized, step_bits = [], []
+        for w, g in enumerate(grads):
+            dw = g.double().reshape(-1)
+            big_g = residues[w] + dw
+            h = big_g + dw
+            bins = [range(i, min(i + bin_size, n)) for i in range(0, n, bin_size)]
+            g_max = [max(abs(float(big_g[j])) for j in b) for b in bins]
+            s = sum(g_max) / len(g_max)
+            g_q = torch.zeros(n, dtype=torch.float64)
+            for b, gm in zip(bins, g_max, strict=True):
+                if soft:
+                    chosen = [j for j in b if abs(float(h[j])) >= gm]
+                else:
+                    chosen = [max(b, key=lambda j: abs(float(big_g[j])))]
+                for j in chosen:
+                    g_q[j] = math.copysign(s, float(big_g[j])) if big_g[j] != 0 else 0.0
+            residues[w] = big_g - g_q
+            sent = int((g_q != 0).sum())
+            step_bits.append(sent * (8 if bin_size < 64 else 16) + 32)
+            quantized.append(g_q)
+        outs.append(torch.stack(quantized).mean(0).reshape(grads[0].shape))
+        bits.append(step_bits)
+    return outs, bits, residues
+
+
+def assert_outputs(got: list[tuple[torch.Tensor, list[int]]], want: list[torch.Tensor],
+                   atol: float = 1e-5) -> None:
+    assert len(got) == len(want)
+    for (out, _), ref in zip(got, want, strict=True):
+        torch.testing.assert_close(out.double(), ref, atol=atol, rtol=1e-4)
 
 
 # ---- compressors: a C kernel against its eager torch path -----------------------------------

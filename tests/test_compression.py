@@ -8,40 +8,19 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import compression
-from compression import _adacomp_kernel as adacomp_kernel
-from compression._native import PORTABLE_ENV
-from compression.adacomp import AdaComp, pack_groups, unpack_groups
-from compression.base import Layer
 from compression.comm import SimComm, Steps, all_gather_varlen, drive
 from compression.powersgd import initial_q
 from compression.topk import SAMPLE, top_k_indices
 from core.errors import ConfigError
-from tests.conftest import (
-    ROOT,
-    assert_same_bits,
-    bits_of,
-    require_kernel,
-    simulate_run,
-    without_a_compiler,
-)
+from tests.conftest import assert_outputs, random_steps, ref_adacomp
 
 WORKERS = (1, 2, 3)
 SHAPES = ((6, 40), (8, 3, 3, 3), (50, 20), (30, 7))
-
-
-def random_steps(shape: tuple[int, ...], workers: int, steps: int, seed: int = 0
-                 ) -> list[list[torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [[torch.randn(shape, generator=gen) for _ in range(workers)] for _ in range(steps)]
 
 
 def dense_mean(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -88,48 +67,6 @@ def ref_topk(steps: list[list[torch.Tensor]], ratio: float) -> list[torch.Tensor
             sparse.append(s)
         outs.append(torch.stack(sparse).mean(0).reshape(grads[0].shape))
     return outs
-
-
-def ref_adacomp(steps: list[list[torch.Tensor]], bin_size: int, soft: bool = True
-                ) -> tuple[list[torch.Tensor], list[list[int]], list[torch.Tensor]]:
-    """Chen et al. Alg. 2, bin by bin, element by element (float64).
-
-    Returns the mean outputs, the paper's bits per worker per step, and the final residues.
-    """
-    n = steps[0][0].numel()
-    residues = [torch.zeros(n, dtype=torch.float64) for _ in steps[0]]
-    outs, bits = [], []
-    for grads in steps:
-        quantized, step_bits = [], []
-        for w, g in enumerate(grads):
-            dw = g.double().reshape(-1)
-            big_g = residues[w] + dw
-            h = big_g + dw
-            bins = [range(i, min(i + bin_size, n)) for i in range(0, n, bin_size)]
-            g_max = [max(abs(float(big_g[j])) for j in b) for b in bins]
-            s = sum(g_max) / len(g_max)
-            g_q = torch.zeros(n, dtype=torch.float64)
-            for b, gm in zip(bins, g_max, strict=True):
-                if soft:
-                    chosen = [j for j in b if abs(float(h[j])) >= gm]
-                else:
-                    chosen = [max(b, key=lambda j: abs(float(big_g[j])))]
-                for j in chosen:
-                    g_q[j] = math.copysign(s, float(big_g[j])) if big_g[j] != 0 else 0.0
-            residues[w] = big_g - g_q
-            sent = int((g_q != 0).sum())
-            step_bits.append(sent * (8 if bin_size < 64 else 16) + 32)
-            quantized.append(g_q)
-        outs.append(torch.stack(quantized).mean(0).reshape(grads[0].shape))
-        bits.append(step_bits)
-    return outs, bits, residues
-
-
-def assert_outputs(got: list[tuple[torch.Tensor, list[int]]], want: list[torch.Tensor],
-                   atol: float = 1e-5) -> None:
-    assert len(got) == len(want)
-    for (out, _), ref in zip(got, want, strict=True):
-        torch.testing.assert_close(out.double(), ref, atol=atol, rtol=1e-4)
 
 
 # ---- each compressor against its reference --------------------------------------------------
@@ -190,188 +127,6 @@ def test_all_gather_varlen_returns_every_message() -> None:
     futures = [drive(steps(w)) for w in range(3)]
     for fut in futures:
         assert [p.tolist() for p in fut.value()] == [m.tolist() for m in messages]
-
-
-# ---- AdaComp's C kernel: bit-identical to the eager torch path -----------------------------
-def adacomp_grads(shape: tuple[int, ...], workers: int, steps: int, bin_size: int
-                  ) -> list[list[torch.Tensor]]:
-    """Gradients with the awkward cases: ties (small integers, so |H| = g_max often), exact
-    zeros and -0.0, a whole bin of zeros, and plain random values."""
-    grads = random_steps(shape, workers, steps, seed=11)
-    for t, step in enumerate(grads):
-        for g in step:
-            flat = g.view(-1)
-            if t % 2 == 0:                                  # ties, and many exact zeros
-                flat.copy_(flat.mul(2).round())
-            flat[bin_size:2 * bin_size] = 0.0               # the second bin: all zeros
-            flat[bin_size::3] = -0.0
-    return grads
-
-
-def eager_adacomp(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make AdaComp use its eager torch path (as on CUDA or without a C compiler)."""
-    monkeypatch.setattr(adacomp_kernel, "kernel", lambda: None)
-
-
-@pytest.mark.parametrize(("shape", "bin_size"), [
-    ((7, 13), 5), ((50, 20), 50), ((64, 3, 3, 3), 50), ((300, 41), 500), ((10, 10), 1),
-    ((10, 10), 1000), ((120, 301), 5000)])
-@pytest.mark.parametrize("soft", [True, False])
-def test_adacomp_kernel_is_bitwise_the_eager_path(shape: tuple[int, ...], bin_size: int,
-                                                  soft: bool,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    require_kernel(adacomp_kernel.LIBRARY)
-    grads = adacomp_grads(shape, 1, steps=6, bin_size=bin_size)
-    compressor = AdaComp(soft_threshold=soft)
-
-    def run() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        layer = Layer("layer", torch.Size(shape), bin_size)
-        layer.memory["residue"] = torch.zeros(math.ceil(math.prod(shape) / bin_size) * bin_size)
-        out = []
-        for t, (g,) in enumerate(grads):
-            grad = g.clone().view(-1)
-            layer.memory["residue"][1] = 100.0            # G = 0, |H| = 100 >= g_max: not sent
-            grad[1] = -100.0
-            message = torch.full((4 + 2 * size,), 0xAA, dtype=torch.uint8)
-            [count] = compressor._compress([layer], [grad], message, [4], [size])
-            scale = message[:4].view(torch.float32).clone()
-            residue = None
-            if t in (2, len(grads) - 1):                  # the steps between: G_q stays owed
-                compressor.settle(layer)
-                residue = layer.memory["residue"].clone()
-            out.append((message, count, scale, residue))
-        return out
-
-    size = adacomp_kernel.group_bytes(math.prod(shape), bin_size)
-    fused = run()
-    eager_adacomp(monkeypatch)
-    for (message, count, scale, residue), (message_e, count_e, scale_e, residue_e) in zip(
-            fused, run(), strict=True):
-        assert torch.equal(message, message_e) and count == count_e
-        sent = unpack_groups(message[4:4 + size], math.prod(shape), bin_size)
-        assert int(sent.sum()) == count and not sent[1]   # the G = 0 element is not sent
-        assert torch.equal(bits_of(scale), bits_of(scale_e))
-        assert (residue is None) == (residue_e is None)
-        if residue is not None:
-            assert torch.equal(bits_of(residue), bits_of(residue_e))
-
-
-@pytest.mark.parametrize(("shape", "bin_size", "soft"), [((30, 7), 4, True), ((6, 40), 50, True),
-                                                         ((50, 20), 7, False)])
-def test_adacomp_kernel_aggregate_is_bitwise_the_eager_path(
-        shape: tuple[int, ...], bin_size: int, soft: bool,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # Three workers: the received elements are summed in the same order as index_add_ does.
-    require_kernel(adacomp_kernel.LIBRARY)
-    steps = adacomp_grads(shape, 3, steps=5, bin_size=bin_size)
-    params = {"fc_bin_size": bin_size, "soft_threshold": soft}
-    fused = simulate_run("adacomp", shape, steps, "residue", **params)
-    eager_adacomp(monkeypatch)
-    assert_same_bits(fused, simulate_run("adacomp", shape, steps, "residue", **params))
-
-
-@pytest.mark.parametrize("new_bin_size", [4, 64, 30])
-def test_adacomp_kernel_level_change_is_bitwise_the_eager_path(
-        new_bin_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A bin size change while G_q is owed: the owed bits are laid out by bin, so they are
-    # settled first (30 -> 30: same padding, same layout; 4 and 64: new ones).
-    require_kernel(adacomp_kernel.LIBRARY)
-    shape = (12, 20)
-    steps = adacomp_grads(shape, 2, steps=6, bin_size=30)
-
-    def run() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        sim = compression.Simulation("adacomp", 2, shape, fc_bin_size=30)
-        outs = []
-        for t, grads in enumerate(steps):
-            if t == 3:
-                sim.set_level(new_bin_size)
-            outs.append(sim.step(grads)[0])
-        return outs, [sim.memory(w)["residue"] for w in range(2)]
-
-    fused, fused_res = run()
-    eager_adacomp(monkeypatch)
-    eager, eager_res = run()
-    for out, out_e in zip(fused + fused_res, eager + eager_res, strict=True):
-        assert torch.equal(bits_of(out), bits_of(out_e))
-
-
-@pytest.mark.parametrize(("n", "bin_size"), [(9000, 50), (9000, 4096), (3, 500), (77, 7)])
-def test_adacomp_decompress_sums_workers_in_order(n: int, bin_size: int) -> None:
-    # Two workers, two layers each: the group-byte layout (packed by the torch code) read by
-    # the kernel, with blocks, bins and short groups of several sizes.
-    require_kernel(adacomp_kernel.LIBRARY)
-    gen = torch.Generator().manual_seed(n + bin_size)
-    sent = [torch.rand(2, n, generator=gen) < 0.3 for _ in range(2)]   # [layer][worker]
-    negative = [torch.rand(2, n, generator=gen) < 0.5 for _ in range(2)]
-    scale = torch.tensor([[1.0, 0.5], [2.0, 6.0]])                      # [layer, worker]
-    value = scale / 2                                                   # s_w / W
-    size = adacomp_kernel.group_bytes(n, bin_size)
-    offsets = [8, 8 + 2 * size]
-    messages = torch.zeros(2, 8 + 4 * size, dtype=torch.uint8)
-    for layer, at in enumerate(offsets):
-        for w in range(2):
-            messages[w, 4 * layer:4 * layer + 4] = scale[layer, w:w + 1].view(torch.uint8)
-            messages[w, at:at + size] = pack_groups(sent[layer][w], n, bin_size)
-            messages[w, at + size:at + 2 * size] = pack_groups(negative[layer][w], n, bin_size)
-    outs = [torch.full((n,), 7.0), torch.full((n,), 7.0)]
-    adacomp_kernel.decompress(adacomp_kernel.kernel(), outs, [bin_size, bin_size], messages,
-                              offsets, [size, size])
-    for layer in range(2):
-        expected = torch.zeros(n)
-        for w in range(2):
-            g_q = torch.where(negative[layer][w], -value[layer, w], value[layer, w])
-            expected += torch.where(sent[layer][w], g_q, 0.0)
-        assert torch.equal(bits_of(outs[layer]), bits_of(expected))
-
-
-@pytest.mark.parametrize(("n", "bin_size"), [(100, 50), (101, 50), (5, 500), (64, 8), (9, 3)])
-def test_adacomp_group_bytes_round_trip(n: int, bin_size: int) -> None:
-    mask = torch.rand(n, generator=torch.Generator().manual_seed(n)) < 0.5
-    packed = pack_groups(mask, n, bin_size)
-    assert packed.numel() == adacomp_kernel.group_bytes(n, bin_size)
-    assert torch.equal(unpack_groups(packed, n, bin_size), mask)
-
-
-@pytest.mark.slow
-def test_portable_kernel_loops_are_bitwise_the_eager_path() -> None:
-    # Where the CPU has AVX2 the kernels take their AVX2 paths; with PORTABLE_ENV set they take
-    # their portable loops, which must pass the same bit-for-bit tests.
-    require_kernel(adacomp_kernel.LIBRARY)
-    tests = ["tests/test_compression.py::" + name for name in (
-        "test_adacomp_kernel_is_bitwise_the_eager_path",
-        "test_adacomp_kernel_aggregate_is_bitwise_the_eager_path",
-        "test_adacomp_kernel_level_change_is_bitwise_the_eager_path",
-        "test_adacomp_decompress_sums_workers_in_order")] + ["tests/test_topk_kernel.py"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           *tests], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, PORTABLE_ENV: "1"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout
-
-
-def test_adacomp_kernel_builds_into_the_cache(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    require_kernel(adacomp_kernel.LIBRARY)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    stale = tmp_path / "accordion-bench" / "adacomp_0123456789abcdef.so"  # an older build
-    stale.parent.mkdir()
-    stale.write_bytes(b"")
-    adacomp_kernel.LIBRARY.reset()
-    try:
-        assert adacomp_kernel.kernel() is not None
-    finally:
-        adacomp_kernel.LIBRARY.reset()
-    [built] = (tmp_path / "accordion-bench").iterdir()
-    assert built.suffix == ".so" and built != stale
-
-
-def test_adacomp_without_a_compiler_warns_once_and_runs_eager(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    steps = random_steps((50, 20), 2, steps=3)
-    with without_a_compiler(adacomp_kernel.LIBRARY, tmp_path, monkeypatch) as record:
-        got = compression.simulate("adacomp", steps, fc_bin_size=50)
-    assert len(record) == 1
-    assert_outputs(got, ref_adacomp(steps, 50)[0])
 
 
 # ---- limits: no compression at the top level ------------------------------------------------

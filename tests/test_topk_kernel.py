@@ -1,4 +1,4 @@
-"""Top-K's C kernel (compression/_topk_kernel.py) against the eager torch path: bit for bit."""
+"""Top-K's C kernel (compression/kernels/topk.c) against the eager torch path: bit for bit."""
 
 from __future__ import annotations
 
