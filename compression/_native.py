@@ -12,12 +12,14 @@ eager torch path, which the kernel must match bit for bit (the tests check it).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ import torch
 
 # -ffp-contract=off: no fused multiply-adds, so every float operation rounds as torch's does.
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math")
+
+STALE_S = 7 * 24 * 3600  # a build of other sources unused this long is removed
 
 Signature = tuple[list[Any], Any]  # ctypes argtypes, restype
 
@@ -103,10 +107,13 @@ class Library:
         return path
 
     def _remove_others(self, path: Path) -> None:
-        """Remove this kernel's older builds (a loaded library stays mapped when unlinked)."""
+        """Remove this kernel's builds unused for STALE_S (a loaded library stays mapped when
+        unlinked). Recent ones stay: another checkout of other sources may be using them."""
+        now = time.time()
         for old in path.parent.glob(f"{self.name}_*.so"):
-            if old != path:
-                old.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                if old != path and now - old.stat().st_atime > STALE_S:
+                    old.unlink()
 
     def _load(self, path: Path) -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))

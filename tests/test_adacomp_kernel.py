@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 import compression
 from compression import _adacomp_kernel as adacomp_kernel
-from compression._native import PORTABLE_ENV
+from compression._native import PORTABLE_ENV, STALE_S
 from compression.adacomp import AdaComp, pack_groups, unpack_groups
 from compression.base import Layer
 from tests.conftest import (
@@ -190,16 +191,20 @@ def test_adacomp_kernel_builds_into_the_cache(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     require_kernel(adacomp_kernel.LIBRARY)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    stale = tmp_path / "accordion-bench" / "adacomp_0123456789abcdef.so"  # an older build
-    stale.parent.mkdir()
-    stale.write_bytes(b"")
+    cache = tmp_path / "accordion-bench"
+    cache.mkdir()
+    stale, recent = cache / "adacomp_0123456789abcdef.so", cache / "adacomp_fedcba9876543210.so"
+    for old in (stale, recent):  # builds of other sources: one unused for long, one recent
+        old.write_bytes(b"")
+    os.utime(stale, (time.time() - STALE_S - 60, time.time() - STALE_S - 60))
     adacomp_kernel.LIBRARY.reset()
     try:
         assert adacomp_kernel.kernel() is not None
     finally:
         adacomp_kernel.LIBRARY.reset()
-    [built] = (tmp_path / "accordion-bench").iterdir()
-    assert built.suffix == ".so" and built != stale
+    assert recent.exists() and not stale.exists()
+    [built] = set(cache.iterdir()) - {recent}
+    assert built.suffix == ".so"
 
 
 def test_adacomp_without_a_compiler_warns_once_and_runs_eager(
