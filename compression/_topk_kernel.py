@@ -56,11 +56,13 @@ def compress(lib: ctypes.CDLL, error: torch.Tensor, grad: torch.Tensor, k: int,
                       message[k:].data_ptr(), workspace.data_ptr())
 
 
-def decompress(lib: ctypes.CDLL, out: torch.Tensor, parts: torch.Tensor, k: int) -> None:
-    """``out`` = the mean over workers of their sparse tensors: ``parts`` (world, >= 2k int32,
-    rows contiguous) holds each worker's k values then k ascending indices."""
+def decompress(lib: ctypes.CDLL, out: torch.Tensor, parts: torch.Tensor, k: int,
+               alpha: float) -> None:
+    """``out`` = ``alpha`` times the sum over workers of their sparse tensors (alpha = 1/W: the
+    mean): ``parts`` (world, >= 2k int32, rows contiguous) holds each worker's k values then k
+    ascending indices."""
     world = parts.shape[0]
     cursors = torch.empty(world, dtype=torch.int64)
     if lib.topk_decompress(out.data_ptr(), out.numel(), world, parts.data_ptr(), parts.stride(0),
-                           k, 1 / world, cursors.data_ptr()):
+                           k, alpha, cursors.data_ptr()):
         raise ValueError("Top-K: a received index is out of range")

@@ -77,6 +77,11 @@ class Compressor:
         raise ConfigError(f"{field or 'compressor.name'}: compressor {self.name!r} has no "
                           f"levels to set")
 
+    def set_level(self, layer: Layer, level: Any) -> None:
+        """Give ``layer`` a (validated) new ``level`` from its next step on; a compressor whose
+        memory depends on the level adjusts it here."""
+        layer.level = level
+
     def step_bits(self, shape: torch.Size, level: Any) -> int | None:
         """Payload bits (``Sent.bits``) one worker sends per step for a layer of ``shape`` at
         ``level``; None where that depends on the gradients, not only on shape and level."""

@@ -22,7 +22,7 @@ from compression import register
 from compression.base import Layer
 from compression.exchange import GatherCompressor, pack_bits, unpack_bits
 from compression.memory import ErrorFeedback
-from core.errors import check_int
+from core.errors import check_bool, check_int
 
 
 @register("ef_signsgd")
@@ -32,10 +32,10 @@ class EFSignSGD(GatherCompressor):
     level_field = "block_size"
     accordion_levels = (16, 4096)  # ours: 3 bits per element vs about 1
 
-    def __init__(self, block_size: int | None = None) -> None:
+    def __init__(self, block_size: int | None = None, error_feedback: bool = True) -> None:
         super().__init__()
         self.block_size = None if block_size is None else self.validate_level(block_size)
-        self.memory = ErrorFeedback()
+        self.memory = ErrorFeedback(check_bool(error_feedback, "compressor.error_feedback"))
 
     def default_level(self, shape: torch.Size) -> int:
         return self.block_size or math.prod(shape)

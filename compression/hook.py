@@ -100,7 +100,8 @@ class HookState:
             if name not in self._compressed:
                 raise ConfigError(f"level/{name}: not a compressed layer; choose one of "
                                   f"{sorted(self._compressed)}")
-            self.layers[name].level = self.compressor.validate_level(level, f"level/{name}")
+            self.compressor.set_level(self.layers[name],
+                                      self.compressor.validate_level(level, f"level/{name}"))
 
     # ---- accounting ---------------------------------------------------------------------
     def reset_epoch(self) -> None:

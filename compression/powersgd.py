@@ -22,9 +22,11 @@ error memory emptied); that is logged once per layer.
 Levels: the layer's rank r (an int >= 1). A rank change keeps the warm start: the first r
 columns of Q stay, new columns are the layer's initial random columns (drawn from a generator
 seeded by ``seed`` and the layer name, so every rank draws the same ones), and the error memory
-is kept. Where this differs from reference code:
+is kept. ``error_feedback=false`` keeps no error memory. Where this differs from reference code:
 
-* Accordion's authors rebuild the reducer on a rank change, so Q restarts from random.
+* Accordion's authors rebuild the reducer on a rank change, so Q restarts from random (their
+  seeded generator: the Q a fresh start has) and the error memory stays:
+  ``restart_on_rank_change=true`` (``compressor=powersgd_authors``).
 * PyTorch's ``powerSGD_hook`` orthogonalizes Q again before every P = M Q, runs plain all-reduce
   for its first ``start_powerSGD_iter`` (>= 2) steps, and keeps error memory per bucket
   (biases included); it uses QR instead of Gram-Schmidt for rank > 2.
@@ -44,7 +46,7 @@ from compression import register
 from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, Steps
 from compression.memory import ErrorFeedback
-from core.errors import check_int
+from core.errors import check_bool, check_int
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +81,12 @@ class PowerSGD(Compressor):
     level_field = "rank"
     accordion_levels = (2, 1)  # Accordion's pair (its SENet and VGG-19bn runs use 4 / 1)
 
-    def __init__(self, rank: int = 2, seed: int = 0) -> None:
+    def __init__(self, rank: int = 2, seed: int = 0, error_feedback: bool = True,
+                 restart_on_rank_change: bool = False) -> None:
         self.rank = check_int(rank, "compressor.rank", 1)
         self.seed = check_int(seed, "compressor.seed", 0)
-        self.memory = ErrorFeedback()
+        self.memory = ErrorFeedback(check_bool(error_feedback, "compressor.error_feedback"))
+        self.restart = check_bool(restart_on_rank_change, "compressor.restart_on_rank_change")
         self._noted_dense: set[str] = set()
 
     def default_level(self, shape: torch.Size) -> int:
@@ -90,6 +94,13 @@ class PowerSGD(Compressor):
 
     def validate_level(self, level: Any, field: str | None = None) -> int:
         return check_int(level, field or "compressor.rank", 1)
+
+    def set_level(self, layer: Layer, level: Any) -> None:
+        """A new rank; with ``restart_on_rank_change`` Q starts again from the layer's initial
+        random Q, as a rebuilt reducer of the authors' code would (the error memory stays)."""
+        if self.restart and level != layer.level:
+            layer.memory.pop("q", None)
+        layer.level = level
 
     def step_bits(self, shape: torch.Size, level: Any) -> int:
         n, m = shape[0], math.prod(shape[1:])

@@ -45,7 +45,7 @@ class Simulation:
         """Set the layer's compression level on every worker (from the next step)."""
         level = self.compressor.validate_level(level)
         for layer in self.layers:
-            layer.level = level
+            self.compressor.set_level(layer, level)
 
     def memory(self, worker: int) -> dict[str, torch.Tensor]:
         """Worker ``worker``'s compressor memory (error feedback, residue, Q), settled: any

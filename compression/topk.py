@@ -14,10 +14,11 @@ Of the entries tied with the k-th largest |acc|, S keeps the first, and the mess
 index order: the C kernel (float32 on CPU, :mod:`compression._topk_kernel`) and the torch ops
 (elsewhere) send the same bits.
 
-Levels: the fraction ``ratio`` in (0, 1] of each layer's elements kept. Where this differs from
-the Accordion authors' code: theirs SUMMED the workers' sparse tensors and had no error
-feedback; ours averages and keeps an error memory. (Their 99% level costs about twice a dense
-send under this accounting, as it did in theirs; we keep it sparse to match it.)
+Levels: the fraction ``ratio`` in (0, 1] of each layer's elements kept. The Accordion authors'
+code SUMMED the workers' sparse tensors and had no error feedback (``error_feedback=false``,
+``reduce=sum``: ``compressor=topk_authors``, to reproduce their tables); ours averages and keeps
+an error memory by default. (Their 99% level costs about twice a dense send under this
+accounting, as it did in theirs; we keep it sparse to match it.)
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from compression._native import usable
 from compression.base import Layer, Scratch
 from compression.exchange import GatherCompressor
 from compression.memory import ErrorFeedback
-from core.errors import check_ratio
+from core.errors import check_bool, check_choice, check_ratio
 
 VALUE_AND_INDEX_BITS = 64  # fp32 value + int32 index
+REDUCTIONS = ("mean", "sum")
 SAMPLE = 1 << 14  # sample size for the selection threshold in top_k_indices
 
 
@@ -92,16 +94,23 @@ def kept_indices(key: torch.Tensor, k: int, scratch: Scratch | None = None) -> t
 
 @register("topk")
 class TopK(GatherCompressor):
-    """Keep the ``ratio`` largest-magnitude entries of each layer's error-corrected gradient."""
+    """Keep the ``ratio`` largest-magnitude entries of each layer's error-corrected gradient.
+
+    ``error_feedback=false`` keeps no memory (what a message leaves out is lost) and
+    ``reduce=sum`` applies the workers' sum instead of their mean: both as the Accordion
+    authors' Top-K ran (``compressor=topk_authors``).
+    """
 
     level_field = "ratio"
     accordion_levels = (0.99, 0.10)  # Accordion's CIFAR-10 pair (CIFAR-100: 0.25, LSTM: 0.02)
     message_dtype = torch.int32      # fp32 values (as their bits) and int32 indices
 
-    def __init__(self, ratio: float = 0.1) -> None:
+    def __init__(self, ratio: float = 0.1, error_feedback: bool = True,
+                 reduce: str = "mean") -> None:
         super().__init__()
         self.ratio = check_ratio(ratio, "compressor.ratio")
-        self.memory = ErrorFeedback()
+        self.memory = ErrorFeedback(check_bool(error_feedback, "compressor.error_feedback"))
+        self.reduce = check_choice(reduce, "compressor.reduce", REDUCTIONS)
 
     def default_level(self, shape: torch.Size) -> float:
         return self.ratio
@@ -124,14 +133,17 @@ class TopK(GatherCompressor):
         bit-identical results.
         """
         k = message.numel() // 2
-        error = self.memory.buffer(layer, grad.numel(), grad)
+        if self.memory.enabled:
+            error = self.memory.buffer(layer, grad.numel(), grad)
+        else:                                           # no memory: acc = g + 0, e dropped
+            error = self._scratch.take("acc", grad.numel(), grad).zero_()
         lib = (_kernel.kernel() if usable(torch.float32, error, grad)
                and usable(torch.int32, message) else None)
         if lib is not None:                             # the same, fused in one pass
             workspace = self._scratch.take("histogram", _kernel.HISTOGRAM, grad, torch.int32)
             _kernel.compress(lib, error, grad, k, message, workspace)
             return VALUE_AND_INDEX_BITS * k
-        acc = self.memory.compensate(layer, grad)       # acc = g + e
+        acc = error.add_(grad)                          # acc = g + e
         key = torch.bitwise_and(acc.view(torch.int32), 0x7FFFFFFF,  # |acc| as ordered bits
                                 out=self._scratch.take("key", acc.numel(), acc, torch.int32))
         index = kept_indices(key, k, self._scratch)     # S = the k largest |acc|
@@ -141,15 +153,17 @@ class TopK(GatherCompressor):
         return VALUE_AND_INDEX_BITS * k
 
     def decompress(self, layer: Layer, parts: torch.Tensor, out: torch.Tensor) -> None:
-        """``out`` = (1/W) sum_w sparse_w from every worker's message (rows of ``parts``)."""
+        """``out`` = (1/W) sum_w sparse_w (``reduce=sum``: sum_w sparse_w) from every worker's
+        message (rows of ``parts``)."""
         world, k = parts.shape[0], parts.shape[1] // 2
+        alpha = 1 / world if self.reduce == "mean" else 1.0
         lib = _kernel.kernel() if usable(torch.float32, out) else None
         if lib is not None:
-            _kernel.decompress(lib, out, parts, k)
+            _kernel.decompress(lib, out, parts, k, alpha)
             return
         values = parts[:, :k].reshape(-1).view(out.dtype)
         index = parts[:, k:].reshape(-1)
-        out.zero_().index_add_(0, index, values, alpha=1 / world)  # (1/W) sum_w sparse_w
+        out.zero_().index_add_(0, index, values, alpha=alpha)  # (1/W) sum_w sparse_w
 
 
 def kept(numel: int, ratio: float) -> int:

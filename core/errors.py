@@ -30,3 +30,10 @@ def check_bool(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{field}: expected true or false, got {value!r}")
     return value
+
+
+def check_choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, or a ConfigError naming ``field``."""
+    if value not in choices:
+        raise ConfigError(f"{field}: expected one of {list(choices)}, got {value!r}")
+    return value

@@ -20,7 +20,7 @@ from typing import Any
 
 from compression.base import Compressor
 from compression.hook import HookState
-from core.errors import ConfigError, check_int
+from core.errors import ConfigError, check_choice, check_int
 from schedulers import register
 from schedulers.accordion import History
 from schedulers.base import Scheduler
@@ -45,10 +45,7 @@ class AccordionBatch(Scheduler):
         if batch_low > batch_high:
             raise ConfigError(f"scheduler.batch_low: expected <= scheduler.batch_high "
                               f"({batch_high}), got {batch_low}")
-        if lr_scaling not in LR_SCALINGS:
-            raise ConfigError(f"scheduler.lr_scaling: expected one of {list(LR_SCALINGS)}, got "
-                              f"{lr_scaling!r}")
-        self.lr_scaling = lr_scaling
+        self.lr_scaling = check_choice(lr_scaling, "scheduler.lr_scaling", LR_SCALINGS)
         self.history = History(eta, interval)
 
     def validate(self, compressor: Compressor, batch_size: int, world_size: int) -> None:

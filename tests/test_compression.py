@@ -69,6 +69,21 @@ def ref_topk(steps: list[list[torch.Tensor]], ratio: float) -> list[torch.Tensor
     return outs
 
 
+def ref_topk_authors(steps: list[list[torch.Tensor]], ratio: float) -> list[torch.Tensor]:
+    """The Accordion authors' Top-K: each worker's k largest |g| (a full sort, no memory), and
+    the plain SUM of the workers' sparse tensors."""
+    outs = []
+    for grads in steps:
+        total = torch.zeros(grads[0].numel(), dtype=torch.float64)
+        for g in grads:
+            flat = g.double().reshape(-1)
+            keep = torch.argsort(flat.abs(), descending=True)[:max(1, math.floor(ratio *
+                                                                                flat.numel()))]
+            total[keep] += flat[keep]
+        outs.append(total.reshape(grads[0].shape))
+    return outs
+
+
 # ---- each compressor against its reference --------------------------------------------------
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("shape", SHAPES)
@@ -91,6 +106,36 @@ def test_topk_matches_reference(workers: int, shape: tuple[int, ...], ratio: flo
     assert_outputs(got, ref_topk(steps, ratio))
     k = max(1, math.floor(ratio * math.prod(shape)))
     assert {b for _, bits in got for b in bits} == {64 * k}
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("ratio", [1.0, 0.5, 0.1, 0.01])
+def test_topk_authors_matches_reference(workers: int, shape: tuple[int, ...], ratio: float
+                                        ) -> None:
+    steps = random_steps(shape, workers, steps=3)
+    got = compression.simulate("topk", steps, ratio=ratio, error_feedback=False, reduce="sum")
+    assert_outputs(got, ref_topk_authors(steps, ratio), atol=1e-5)
+
+
+def test_powersgd_restart_on_rank_change_gives_a_fresh_q() -> None:
+    # The authors rebuild a layer's reducer on a rank change: Q restarts as a fresh start's
+    # (the same seed), the error memory stays. Ours keeps the warm start: another result.
+    shape, steps = (30, 40), random_steps((30, 40), 2, steps=3, seed=4)
+    runs = {}
+    for restart in (True, False):
+        sim = compression.Simulation("powersgd", 2, shape, rank=2, seed=7,
+                                     restart_on_rank_change=restart)
+        for grads in steps[:2]:
+            sim.step(grads)
+        errors = [sim.compressor.error(layer).clone() for layer in sim.layers]
+        sim.set_level(1)
+        runs[restart] = sim.step(steps[2])[0]
+    fresh = compression.Simulation("powersgd", 2, shape, rank=1, seed=7)
+    for layer, error in zip(fresh.layers, errors, strict=True):
+        layer.memory["error"] = error.reshape(-1).clone()
+    assert torch.equal(runs[True], fresh.step(steps[2])[0])
+    assert not torch.allclose(runs[True], runs[False], atol=1e-4)
 
 
 @pytest.mark.parametrize("workers", WORKERS)
@@ -251,6 +296,13 @@ def test_powersgd_pointless_layer_goes_dense_and_says_so_once(
     ("adacomp", {"conv_bin_size": 0}, "compressor.conv_bin_size"),
     ("adacomp", {"fc_bin_size": -3}, "compressor.fc_bin_size"),
     ("adacomp", {"soft_threshold": "yes"}, "compressor.soft_threshold"),
+    ("adacomp", {"error_feedback": False}, "compressor.error_feedback"),
+    ("topk", {"reduce": "max"}, "compressor.reduce"),
+    ("topk", {"error_feedback": 1}, "compressor.error_feedback"),
+    ("powersgd", {"restart_on_rank_change": "no"}, "compressor.restart_on_rank_change"),
+    ("powersgd", {"error_feedback": None}, "compressor.error_feedback"),
+    ("ef_signsgd", {"block_size": 0}, "compressor.block_size"),
+    ("ef_signsgd", {"error_feedback": "true"}, "compressor.error_feedback"),
     ("topk", {"rank": 2}, "compressor.rank"),
     ("qsgd", {}, "compressor.name"),
 ])

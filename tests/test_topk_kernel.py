@@ -103,6 +103,22 @@ def test_kernel_aggregate_is_bitwise_the_eager_path(
     assert_same_bits(fused, simulate_run("topk", shape, steps, "error", ratio=ratio))
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_kernel_authors_variant_is_bitwise_the_eager_path(
+        workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No memory (acc = g + 0 in a scratch buffer) and the workers' sum (alpha = 1).
+    steps = grads_with_ties((300, 400), workers, steps=3, seed=workers)
+    params = {"ratio": 0.25, "error_feedback": False, "reduce": "sum"}
+
+    def run() -> list[tuple[torch.Tensor, list[int]]]:
+        return compression.simulate("topk", steps, **params)
+
+    fused = run()
+    eager_topk(monkeypatch)
+    for (out, bits), (out_e, bits_e) in zip(fused, run(), strict=True):
+        assert torch.equal(bits_of(out), bits_of(out_e)) and bits == bits_e
+
+
 def test_kernel_keeps_inf_and_nan_first(monkeypatch: pytest.MonkeyPatch) -> None:
     steps = grads_with_ties((50, 20), 2, steps=2)
     steps[0][0].view(-1)[[3, 500]] = torch.tensor([math.inf, -math.inf])
@@ -140,7 +156,7 @@ def test_decompress_rejects_an_out_of_range_index() -> None:
     out = torch.empty(10)
     parts = torch.tensor([[0, 0, 3, 10]], dtype=torch.int32)  # values 0.0, 0.0; indices 3, 10
     with pytest.raises(ValueError, match="out of range"):
-        topk_kernel.decompress(topk_kernel.kernel(), out, parts, 2)
+        topk_kernel.decompress(topk_kernel.kernel(), out, parts, 2, 1.0)
 
 
 def test_without_a_compiler_warns_once_and_runs_eager(tmp_path: Path,

@@ -130,9 +130,10 @@ void topk_compress(float *error, const float *grad, int64_t n, int64_t k, float 
     emit_scalar(error, 0, n, t, &ties, k, values, index, 0);
 }
 
-/* out = (1/W) sum_w sparse_w: worker w's k values at parts + w * stride, its indices (each
-   list ascending) k words after, added in worker order as zero_ then index_add_ do, block by
-   block. Returns 0, or -1 if an index is out of [0, n) (then out is partial). */
+/* out = alpha sum_w sparse_w (alpha = 1/W: the mean; 1: the sum): worker w's k values at
+   parts + w * stride, its indices (each list ascending) k words after, added in worker order as
+   zero_ then index_add_ do, block by block. Returns 0, or -1 if an index is out of [0, n) (then
+   out is partial). */
 int topk_decompress(float *out, int64_t n, int64_t world, const int32_t *parts, int64_t stride,
                     int64_t k, float alpha, int64_t *next) {
     enum { BLOCK = 4096 };
@@ -145,7 +146,7 @@ int topk_decompress(float *out, int64_t n, int64_t world, const int32_t *parts, 
             const int32_t *index = parts + w * stride + k;
             int64_t i = next[w];
             for (; i < k && (uint64_t)(int64_t)index[i] < end; ++i)
-                out[index[i]] += v[i] * alpha;               /* (1/W) sum_w sparse_w */
+                out[index[i]] += v[i] * alpha;               /* alpha sum_w sparse_w */
             next[w] = i;
         }
     }
