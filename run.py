@@ -41,7 +41,7 @@ from compression.hook import comm_hook
 from core import distributed, record
 from core.errors import ConfigError
 from core.lr import lr_at
-from training import checkpoint, config
+from training import checkpoint, config, optim
 from training.tasks import make_task
 from training.wandb_logger import NullLogger, WandbLogger
 
@@ -89,8 +89,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     ddp.register_comm_hook(hook_state, comm_hook)
     scheduler = schedulers.build(cfg.scheduler)
     o = cfg.optimizer
-    optimizer = torch.optim.SGD(model.parameters(), lr=float(o.lr), momentum=float(o.momentum),
-                                weight_decay=float(o.weight_decay), nesterov=bool(o.nesterov))
+    optimizer = optim.build(o, model.parameters())
 
     start_epoch, elapsed_s = 0, 0.0
     if cfg.resume:

@@ -19,11 +19,9 @@ from core.errors import ConfigError
 
 
 def check(cfg: Any) -> None:
-    """Validate ``optimizer`` (lr, momentum, weight decay) and ``optimizer.schedule``."""
+    """Validate ``optimizer.lr``, ``optimizer.weight_decay`` and ``optimizer.schedule``."""
     if not float(cfg.lr) > 0:
         raise ConfigError(f"optimizer.lr: expected a number > 0, got {cfg.lr}")
-    if not 0 <= float(cfg.momentum) < 1:
-        raise ConfigError(f"optimizer.momentum: expected 0 <= momentum < 1, got {cfg.momentum}")
     if float(cfg.weight_decay) < 0:
         raise ConfigError(f"optimizer.weight_decay: expected >= 0, got {cfg.weight_decay}")
     s = cfg.schedule

@@ -15,15 +15,15 @@ import compression
 import data
 import models
 import schedulers
-from core import lr
 from core.errors import ConfigError, check_int
 from core.record import CHECKPOINT
+from training import optim
 
 
 def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
     """Validate ``cfg`` for a job of ``world_size`` ranks writing to ``run_dir``."""
     _check_trainer(cfg.trainer, world_size)
-    lr.check(cfg.optimizer)
+    optim.check(cfg.optimizer)
     if cfg.model.name not in models.available():
         raise ConfigError(f"model.name: unknown model {cfg.model.name!r}; choose one of "
                           f"{models.available()}")
