@@ -115,16 +115,22 @@ def test_ddp_step_equals_simulate(key: str) -> None:
     for name, p in ranks[0]["params"].items():
         assert np.array_equal(p, ranks[1]["params"][name]), name
     name_, params = key.split("-")[0], CONFIGS[key]
+    type_bits = {"conv": 0, "fc": 0}  # rank 0's bits per compressed layer type, from simulate
     for layer, first in ranks[0]["local"][0].items():
         sim = compression.Simulation(name_, 2, first.shape, layer_name=layer, **params)
         for step in range(steps):
-            out, _ = sim.step([torch.from_numpy(r["local"][step][layer]) for r in ranks])
+            out, bits = sim.step([torch.from_numpy(r["local"][step][layer]) for r in ranks])
+            if name_ != "none" and first.ndim > 1:
+                type_bits["conv" if first.ndim >= 3 else "fc"] += bits[0]
             for r in ranks:
                 torch.testing.assert_close(torch.from_numpy(r["aggregated"][step][layer]), out,
                                            atol=1e-6,
                                            rtol=1e-5, msg=f"{layer} step {step}")
     stats = ranks[0]["stats"]
     assert stats["comm/bits"] > 0 and stats["time/compress_s"] > 0
+    assert {k: stats[f"comm/bits_{k}"] for k in type_bits} == type_bits
+    conv_numel = sum(g.size for n, g in ranks[0]["local"][0].items() if g.ndim >= 3)
+    assert stats["comm/bits_dense_conv"] == (32 * steps * conv_numel if name_ != "none" else 0)
     if name_ == "none":
         assert stats["comm/bits"] == stats["comm/bits_dense"] == stats["comm/wire_bits"]
     else:
