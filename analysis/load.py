@@ -124,6 +124,9 @@ def read_record(run_dir: Path, root: Path) -> RunData:
     summary_problem = _read_summary(run, run_dir / SUMMARY)
     if summary_problem:
         problems.append(summary_problem)
+    if bad and run.summary is not None:  # the summary of the rows there are, the saved status
+        run.summary = summary_from_rows(run.rows, run.summary["status"], metric_of(run.rows),
+                                        run.summary["total_time_s"] or math.nan)
     run.problem = problems[0] if problems else None
     return run
 

@@ -128,7 +128,7 @@ def attach_published(table: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.D
     ``published``, ``published_metric``, ``source``, ``ours`` (our number for that metric) and
     ``diff`` (ours - published); and the reference rows of the table's sweeps that no group
     matched (with a ``why`` column)."""
-    out = table.copy()
+    out = table.reset_index(drop=True)
     for column in ("published", "ours", "diff"):
         out[column] = float("nan")
     out["published_metric"], out["source"] = "", ""
@@ -154,7 +154,7 @@ def attach_layer_types(types: pd.DataFrame, reference: pd.DataFrame) -> pd.DataF
     """The per-layer-type table (:func:`analysis.tables.layer_type_table`) with AdaComp's
     published effective compression (``published``, ``source``, ``diff``) where the reference
     has the layer type at the run's bin size for that type."""
-    out = types.copy()
+    out = types.reset_index(drop=True)
     out["published"], out["diff"], out["source"] = float("nan"), float("nan"), ""
     refs = reference[reference["metric"] == EFFECTIVE]
     for i, row in out.iterrows():
@@ -163,7 +163,8 @@ def attach_layer_types(types: pd.DataFrame, reference: pd.DataFrame) -> pd.DataF
                     and LAYER_TYPE_MODELS.get(ref["model"]) == row["layer_type"]
                     and dataset_matches(ref["dataset"], row)
                     and matches(ref["compressor"], row["compressor.name"])
-                    and ref["setting"] == f"bin{row['bin_size']}"):
+                    and not pd.isna(row["bin_size"])
+                    and ref["setting"] == f"bin{int(row['bin_size'])}"):
                 out.loc[i, ["published", "diff"]] = [ref["value"],
                                                      row["effective_x_mean"] - ref["value"]]
                 out.at[i, "source"] = ref["source"]

@@ -14,8 +14,11 @@ all. Directory names are Hydra's job numbers: the analysis never reads them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from tests.conftest import assert_ok, run_cli
 
@@ -80,3 +83,17 @@ def train_fixture_runs(root: Path) -> Path:
                    env={"WANDB_MODE": "offline"})
     assert_ok(proc)
     return runs
+
+
+# ---- reading the records by hand (the tests' independent view) -----------------------------
+def read_by_hand(runs: Path) -> list[dict]:
+    """Every run below ``runs``: its dir, resolved-enough config keys and metrics rows, read with
+    plain json / yaml (not the analysis code)."""
+    out = []
+    for config in sorted(runs.glob("*/.hydra/config.yaml")):
+        run_dir = config.parent.parent
+        cfg = yaml.safe_load(config.read_text())
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        out.append({"dir": run_dir, "cfg": cfg, "rows": rows, "summary": summary})
+    return out
