@@ -261,14 +261,20 @@ def varying(table: pd.DataFrame, columns: Sequence[str]) -> list[str]:
     return [c for c in columns if c in table and table[c].nunique(dropna=False) > 1]
 
 
-def display(table: pd.DataFrame) -> pd.DataFrame:
-    """The strings of the main table: identity columns that vary, then the numbers."""
+def _identity_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """The first columns of a shown table: the identity keys that vary (the others go in the
+    caption), model, method, and the variant unless every row is ``ours``."""
     shown = varying(table, ("sweep", "scale", "dataset.name", "compressor.name"))
     out = pd.DataFrame({_LABELS.get(c, c): table[c] for c in shown})
-    out["model"] = table["model.name"]
-    out["method"] = table["method"]
-    if "variant" in varying(table, ("variant",)) or (table["variant"] != "ours").any():
+    out["model"], out["method"] = table["model.name"], table["method"]
+    if (table["variant"] != "ours").any():
         out["variant"] = table["variant"]
+    return out
+
+
+def display(table: pd.DataFrame) -> pd.DataFrame:
+    """The strings of the main table: identity columns that vary, then the numbers."""
+    out = _identity_columns(table)
     out["seeds"] = [f"{s}" + (f" (+{k} skipped)" if k else "")
                     for s, k in zip(table["seeds"], table["skipped"], strict=True)]
     metric = "perplexity" if (table["metric"] == "test/perplexity").all() else (
@@ -311,11 +317,7 @@ def _published(row: pd.Series) -> str:
 
 def display_layer_types(types: pd.DataFrame) -> pd.DataFrame:
     """The strings of the per-layer-type table."""
-    shown = varying(types, ("sweep", "scale", "dataset.name"))
-    out = pd.DataFrame({_LABELS.get(c, c): types[c] for c in shown})
-    out["model"], out["method"] = types["model.name"], types["method"]
-    if (types["variant"] != "ours").any():
-        out["variant"] = types["variant"]
+    out = _identity_columns(types)
     out["layers"] = types["layer_type"].map({"conv": "conv", "fc": "FC / LSTM"})
     out["bin size"] = [str(int(b)) if b is not None and not pd.isna(b) else "—"
                        for b in types["bin_size"]]
@@ -332,11 +334,7 @@ def display_layer_types(types: pd.DataFrame) -> pd.DataFrame:
 
 def display_whatif(table: pd.DataFrame) -> pd.DataFrame:
     """The strings of the what-if table."""
-    shown = varying(table, ("sweep", "scale", "dataset.name"))
-    out = pd.DataFrame({_LABELS.get(c, c): table[c] for c in shown})
-    out["model"], out["method"] = table["model.name"], table["method"]
-    if (table["variant"] != "ours").any():
-        out["variant"] = table["variant"]
+    out = _identity_columns(table)
     out["eta"] = [f"{e:g}" if not pd.isna(e) else "—" for e in table["eta"]]
     out["interval"] = [f"{int(i)}" if not pd.isna(i) else "—" for i in table["interval"]]
     out["own"] = ["yes" if own else "" for own in table["own"]]

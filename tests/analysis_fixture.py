@@ -97,3 +97,9 @@ def read_by_hand(runs: Path) -> list[dict]:
         summary = json.loads((run_dir / "summary.json").read_text())
         out.append({"dir": run_dir, "cfg": cfg, "rows": rows, "summary": summary})
     return out
+
+
+if __name__ == "__main__":  # python -m tests.analysis_fixture DIR: the same runs, for the README
+    import sys
+
+    print(train_fixture_runs(Path(sys.argv[1])))
