@@ -20,8 +20,9 @@ directory names are never parsed: what a run is comes from its resolved config.
 A run is left out (and listed in ``problems``) when its config is missing or unreadable, its
 ``metrics.jsonl`` is missing, empty, has a line that is not JSON (truncated) or epochs that are
 not 0, 1, ..., its ``summary.json`` is missing (still running, or killed) or unreadable or
-disagrees with ``metrics.jsonl``, its status is not ``completed`` (failed, diverged), or an
-other complete run has the same identity and seed (the last in directory order is kept). With
+disagrees with ``metrics.jsonl``, its status is not ``completed`` (failed, diverged), its ranks
+ended with different parameters (``params_in_sync`` false), or another complete run has the same
+identity and seed (the last in directory order is kept). With
 ``include_incomplete=True`` every run whose config is readable is kept in ``runs`` and
 ``epochs`` (its readable rows, its ``problem`` set); ``problems`` lists them all the same.
 Nothing here raises on a bad run.
@@ -170,6 +171,8 @@ def _read_summary(run: RunData, path: Path) -> str | None:
     run.summary = {k: saved.get(k) for k in SUMMARY_FIELDS}
     if saved["status"] != COMPLETED:
         return f"status {saved['status']}"
+    if saved.get("params_in_sync") is False:
+        return "the ranks ended with different parameters (params_in_sync false)"
     if saved.get("epochs_completed") != len(run.rows):
         return (f"{SUMMARY} says {saved.get('epochs_completed')} epochs, {METRICS} has "
                 f"{len(run.rows)}")

@@ -32,6 +32,8 @@ from analysis.load import IDENTITY, Frames
 BITS_PER_FLOAT, BITS_PER_BYTE = 32, 8
 VARIANT_ORDER = ("authors", "ours")  # published, ours-as-the-authors-ran-it, ours-with-EF
 LAYER_TYPES = ("conv", "fc")
+AGGREGATED = ("final", "best", "bits", "floats", "bytes", "bits_dense", "train_time_s",
+              "critical", "conv_x", "fc_x")  # per run; the tables show mean and std
 
 
 # ---- numbers ------------------------------------------------------------------------------
@@ -86,8 +88,7 @@ def group_table(stats: pd.DataFrame, problems: pd.DataFrame | None = None) -> pd
         row["metric"] = _first(runs["metric"])
         row["seeds"] = int(runs["final"].notna().sum())
         row["seed_list"] = " ".join(str(s) for s in sorted(runs["seed"].dropna().unique()))
-        for column in ("final", "best", "bits", "floats", "bytes", "bits_dense",
-                       "train_time_s", "critical", "conv_x", "fc_x"):
+        for column in AGGREGATED:
             row[f"{column}_mean"], row[f"{column}_std"] = _mean_std(runs[column])
         row["conv_bin"], row["fc_bin"] = _first(runs["conv_bin"]), _first(runs["fc_bin"])
         rows.append(row)
@@ -96,6 +97,10 @@ def group_table(stats: pd.DataFrame, problems: pd.DataFrame | None = None) -> pd
     table = pd.DataFrame(rows)
     if table.empty:
         return table
+    for column in ("baseline", "metric", "conv_bin", "fc_bin",
+                   *(f"{c}_{s}" for c in AGGREGATED for s in ("mean", "std"))):
+        if column not in table:  # only groups whose every run was left out
+            table[column] = None if column in ("baseline", "metric") else math.nan
     table["skipped"] = _skipped(table, problems)
     table["compression_x"] = table["bits_dense_mean"] / table["bits_mean"]
     table = _against_baseline(table)
@@ -277,8 +282,10 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     out = _identity_columns(table)
     out["seeds"] = [f"{s}" + (f" (+{k} skipped)" if k else "")
                     for s, k in zip(table["seeds"], table["skipped"], strict=True)]
-    metric = "perplexity" if (table["metric"] == "test/perplexity").all() else (
-        "accuracy (%)" if (table["metric"] == "test/accuracy").all() else "metric")
+    names = table["metric"].map(METRIC_NAMES).fillna("metric")
+    metric = names.iloc[0] if names.nunique() == 1 else "metric"
+    if metric == "metric":
+        out["metric"] = names
     out[f"final {metric}"] = [mean_std(m, s) for m, s in
                               zip(table["final_mean"], table["final_std"], strict=True)]
     out[f"best {metric}"] = [mean_std(m, s) for m, s in
@@ -302,6 +309,7 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
 
 
 _LABELS = {"dataset.name": "dataset", "compressor.name": "compressor"}
+METRIC_NAMES = {"test/accuracy": "accuracy (%)", "test/perplexity": "perplexity"}
 
 
 def _published(row: pd.Series) -> str:

@@ -3,6 +3,7 @@ whatif.sweep), on real records of tiny runs (tests/analysis_fixture.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -68,6 +69,11 @@ def test_report_on_a_tree_with_broken_runs_lists_them(analysis_runs, tmp_path, c
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Runs left out (2)" in md and md.count("| 1 (+1 skipped) |") == 2
     assert len(pd.read_csv(tmp_path / "out" / "skipped.csv")) == 2
+    for run in broken[6:8]:  # table5: every run left out, still a report
+        (run / "summary.json").write_text(json.dumps({"status": "failed: SystemExit: 143"}))
+    assert main([str(runs), "--out", str(tmp_path / "t5"), "--sweep", "table5"]) == 0
+    assert "table5: 0 runs, 2 left out" in capsys.readouterr().out
+    assert "| batch512 | 0 (+1 skipped) |" in (tmp_path / "t5" / "report.md").read_text()
 
 
 def test_report_bad_input_is_one_line_and_status_2(tmp_path, capsys):
