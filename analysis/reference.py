@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.tables import find_method
+
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 RESULTS = REFERENCE_DIR / "reference_results.csv"
 CURVES = REFERENCE_DIR / "official_curves.csv"
@@ -107,19 +109,9 @@ def ours_for(ref: pd.Series, row: pd.Series, table: pd.DataFrame) -> float | Non
     if metric in GROUP_METRICS:
         return row["final_mean"] if row["metric"] == GROUP_METRICS[metric] else None
     if metric.startswith(GAP) and row["metric"] == "test/accuracy":
-        other = _sibling(table, row, metric.removeprefix(GAP))
+        other = find_method(table, row, metric.removeprefix(GAP))
         return None if other is None else other["final_mean"] - row["final_mean"]
     return None
-
-
-def _sibling(table: pd.DataFrame, row: pd.Series, method: str) -> pd.Series | None:
-    """The row of ``method`` in ``row``'s model group (same variant if there is one)."""
-    keys = ["sweep", "scale", "dataset.name", "model.name"]
-    same = table[(table[keys] == row[keys]).all(axis=1) & (table["method"] == method)]
-    if same.empty:
-        return None
-    exact = same[same["variant"] == row["variant"]]
-    return (exact if not exact.empty else same).iloc[0]
 
 
 def attach_published(table: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame,

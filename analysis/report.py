@@ -43,6 +43,10 @@ ACCOUNTING = (
     "epoch's test metric, mean ± std over seeds (std with n - 1; one seed: no std).")
 
 
+OUTPUTS = ("report.md", "report.html", "table.*", "layer_types.*", "whatif.*", "skipped.csv",
+           "figures/*.png", "figures/*.pdf")
+
+
 @dataclass
 class Block:
     """One piece of a report: a heading, a paragraph, a table (of strings) or a figure."""
@@ -61,14 +65,17 @@ def sweep_report(frames: Frames, sweep: str, out: Path, ref: pd.DataFrame,
                  ) -> list[Path]:
     """Write every file of one sweep's report into ``out``; returns report.md and report.html."""
     out.mkdir(parents=True, exist_ok=True)
+    for pattern in OUTPUTS:  # a previous report's files: none may outlive it
+        for stale in out.glob(pattern):
+            stale.unlink()
     stats = tables.run_stats(frames)
     table, unmatched = reference.attach_published(tables.group_table(stats, frames.problems),
                                                   ref)
     scales = ", ".join(sorted(table["scale"].unique())) if not table.empty else "-"
     caption = _caption(table, sweep)
     types = reference.attach_layer_types(tables.layer_type_table(stats), ref)
-    blocks = [Block("h1", f"{sweep} ({scales})")]
-    blocks.append(Block("list", "Summary", items=summary(table, types, frames, unmatched)))
+    blocks = [Block("h1", f"{sweep} ({scales})"), Block("h2", "Summary"),
+              Block("list", items=summary(table, types, frames, unmatched))]
     for note in notes:
         blocks.append(Block("p", note))
     if not table.empty:
@@ -330,6 +337,23 @@ def select(frames: Frames, sweeps: Sequence[str] | None, scales: Sequence[str] |
                   frames.problems[keep(frames.problems)])
 
 
+def with_baselines(frames: Frames, sweep: str) -> Frames:
+    """The runs of ``sweep``, plus those of other sweeps that its groups name as ``baseline``
+    (same scale, dataset and model) where the sweep did not run that method itself (fig10's
+    batch-512 baseline may be table5's)."""
+    part = select(frames, [sweep], None)
+    keys = ["scale", "dataset.name", "model.name"]
+    own = set(part.runs[[*keys, "method"]].itertuples(index=False, name=None))
+    wanted = set(part.runs[[*keys, "baseline"]].dropna().itertuples(index=False, name=None))
+    others = frames.runs[frames.runs["sweep"] != sweep]
+    extra = [run_id for run_id, key in zip(
+        others["run_id"], others[[*keys, "method"]].itertuples(index=False, name=None),
+        strict=True) if key in wanted - own]
+    runs = pd.concat([part.runs, frames.runs[frames.runs["run_id"].isin(extra)]])
+    return Frames(runs, frames.epochs[frames.epochs["run_id"].isin(runs["run_id"])],
+                  part.problems)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line (see the module doc); exit status 2 on bad input."""
     parser = argparse.ArgumentParser(prog="python -m analysis.report",
@@ -380,7 +404,7 @@ def _run(args: argparse.Namespace) -> int:
     for sweep in sweeps:
         out = (args.out / sweep if len(sweeps) > 1 else args.out) if args.out \
             else Path("results") / sweep
-        part = select(frames, [sweep], None)
+        part = with_baselines(frames, sweep)
         notes = [f"Source: {source}."]
         if args.verify_wandb and args.runs_dir is not None:
             notes.append(_verify(args.runs_dir, part))

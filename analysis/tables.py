@@ -11,7 +11,8 @@ PowerSGD's P and Q, Top-K's values and indices (64 bits per kept element), AdaCo
 sparse ternary encoding. ``floats`` = bits / 32 (the Accordion authors count floats per worker:
 Top-K's index as one float), ``bytes`` = bits / 8. ``reduction_x`` divides the data of the
 group's ``baseline`` method (its config key: the low-compression or small-batch method of the
-same sweep, scale, dataset and model, same variant where it ran in it) by this group's;
+same scale, dataset and model; of the same sweep and variant where it ran in them, see
+:func:`find_method`) by this group's;
 ``speedup_x`` does the same with the training time, the sum of ``time/epoch_s`` (validation and
 checkpoints excluded, as the authors timed it). ``compression_x`` is fp32's data over ours;
 ``conv_x`` / ``fc_x`` are the same for the compressed conv kernels / FC and LSTM matrices alone
@@ -137,27 +138,36 @@ def _skipped(table: pd.DataFrame, problems: pd.DataFrame | None) -> list[int]:
     return [int(counts.get(tuple(r[k] for k in IDENTITY), 0)) for _, r in table.iterrows()]
 
 
+def find_method(table: pd.DataFrame, row: pd.Series, method: str) -> pd.Series | None:
+    """The group of ``method`` for ``row``: same scale, dataset and model; preferably the same
+    sweep, then the same variant (a baseline may have run in another sweep or only once)."""
+    keys = ["scale", "dataset.name", "model.name"]
+    found = table[(table[keys] == row[keys]).all(axis=1) & (table["method"] == method)]
+    if found.empty:
+        return None
+    rank = sorted(found.index, key=lambda i: (found.at[i, "sweep"] != row["sweep"],
+                                              found.at[i, "variant"] != row["variant"],
+                                              found.at[i, "sweep"], found.at[i, "variant"]))
+    return found.loc[rank[0]]
+
+
 def _against_baseline(table: pd.DataFrame) -> pd.DataFrame:
     """``reduction_x``, ``speedup_x``, ``gap`` (baseline final - final) and which baseline."""
-    keys = ["sweep", "scale", "dataset.name", "model.name"]
     out = table.copy()
     for column in ("reduction_x", "speedup_x", "gap"):
         out[column] = math.nan
     out["baseline_used"] = ""
     for i, row in table.iterrows():
-        if not isinstance(row.get("baseline"), str):
+        b = find_method(table, row, row["baseline"]) if isinstance(row.get("baseline"), str) \
+            else None
+        if b is None:
             continue
-        same = table[(table[keys] == row[keys]).all(axis=1) & (table["method"] == row["baseline"])]
-        exact = same[same["variant"] == row["variant"]]
-        base = exact if not exact.empty else same.sort_values("variant")
-        if base.empty:
-            continue
-        b = base.iloc[0]
         out.at[i, "reduction_x"] = b["bits_mean"] / row["bits_mean"]
         out.at[i, "speedup_x"] = b["train_time_s_mean"] / row["train_time_s_mean"]
         out.at[i, "gap"] = b["final_mean"] - row["final_mean"]
-        out.at[i, "baseline_used"] = (b["method"] if b["variant"] == row["variant"]
-                                      else f"{b['method']} ({b['variant']})")
+        where = [v for v, same in ((b["sweep"], b["sweep"] == row["sweep"]),
+                                   (b["variant"], b["variant"] == row["variant"])) if not same]
+        out.at[i, "baseline_used"] = b["method"] + (f" ({', '.join(where)})" if where else "")
     return out
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import figures, reference, whatif
+from analysis import figures, reference, tables, whatif
 from analysis.load import Frames, load_records
-from analysis.report import main, select
+from analysis.report import main, select, with_baselines
 from tests.analysis_fixture import read_by_hand
 
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
@@ -195,3 +195,26 @@ def test_whatif_over_a_sweep(table1):
     cfg, logged = whatif.load_run(Path(one["run_dir"]))
     epochs = whatif.whatif(Path(one["run_dir"]), cfg, logged, one["eta"], int(one["interval"]))
     assert one["bits_replay"] == pytest.approx(sum(e.bits_replay for e in epochs))
+
+
+@pytest.mark.slow
+def test_a_baseline_from_another_sweep_joins_the_report(analysis_runs):
+    """fig10's Accordion batch run against table5's batch-512 run (relabelled fixture runs)."""
+    loaded = load_records(analysis_runs)
+    runs = loaded.runs.copy()
+    moved = runs["method"] == "accordion_batch512_batch4096"
+    runs.loc[moved, ["sweep", "method"]] = ["fig10", "accordion_batch512_batch16384"]
+    part = with_baselines(Frames(runs, loaded.epochs, loaded.problems), "fig10")
+    assert sorted(part.runs["method"]) == ["accordion_batch512_batch16384", "batch512"]
+    table = tables.group_table(tables.run_stats(part), part.problems)
+    joined, unmatched = reference.attach_published(table, reference.load_reference())
+    row = joined.set_index("method").loc["accordion_batch512_batch16384"]
+    base = _hand(analysis_runs, "batch512")
+    acc = _hand(analysis_runs, "accordion_batch512_batch4096")
+    assert row["baseline_used"] == "batch512 (table5)"
+    assert row["published"] == 1.6 and row["published_metric"] == "accuracy_gap_vs_batch512"
+    assert row["ours"] == pytest.approx(base["rows"][-1]["test/accuracy"]
+                                        - acc["rows"][-1]["test/accuracy"])
+    assert row["reduction_x"] == pytest.approx(sum(r["comm/bits"] for r in base["rows"])
+                                               / sum(r["comm/bits"] for r in acc["rows"]))
+    assert "accuracy_gap_vs_batch512" not in set(unmatched["metric"])
