@@ -2,11 +2,12 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
+RUNS ?= results/runs
 PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint clean report
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -33,3 +34,6 @@ clean: ## remove run outputs (keeps .venv)
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
 	$(PY) -m benchmarks.compressors
+
+report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
+	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SCALE),--scale $(SCALE)) $(if $(OUT),--out $(OUT))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,6 +164,50 @@ def _replay_batch(cfg: DictConfig, rows: list[dict[str, Any]], lrs: list[float],
             epoch.critical_logged, epoch.critical_replay = float(logged), float(decided[MODEL])
         if epoch.bits_replay is not None:
             epoch.bits_replay *= epoch.batch_logged / epoch.batch_replay
+
+
+def sweep(run_dirs: Iterable[Path], etas: Sequence[float] | None = None,
+          intervals: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """The what-if over many runs: for every Accordion run (the others are skipped) and every
+    (eta, interval), the totals of :func:`whatif`: mean critical fraction logged and replayed,
+    ``comm/bits`` logged and replayed (None: no estimate) and their ratio.
+
+    Defaults: eta 0.3, 0.5, 0.7 and the run's own; interval the run's own, half and double it.
+    A run that cannot be replayed (no checkpoint for the layers' shapes, a gap in its epochs)
+    gets one row with a ``note`` instead.
+    """
+    out = []
+    for run_dir in run_dirs:
+        try:
+            cfg, rows = load_run(run_dir)
+        except ConfigError as exc:
+            if "scheduler.name" not in str(exc):
+                out.append({"run_dir": str(run_dir), "note": str(exc)})
+            continue
+        s = cfg.scheduler
+        grid_eta = sorted({*(etas or (0.3, 0.5, 0.7)), *([] if etas else [s.eta])})
+        grid_interval = sorted(set(intervals or (max(1, s.interval // 2), s.interval,
+                                                 2 * s.interval)))
+        for eta in grid_eta:
+            for interval in grid_interval:
+                row: dict[str, Any] = {"run_dir": str(run_dir), "eta": eta, "interval": interval,
+                                       "own": eta == s.eta and interval == s.interval}
+                try:
+                    epochs = whatif(run_dir, cfg, rows, eta, interval)
+                except ConfigError as exc:
+                    out.append({**row, "note": str(exc)})
+                    continue
+                logged = sum(e.bits_logged for e in epochs)
+                replayed = [e.bits_replay for e in epochs]
+                replay = None if None in replayed else sum(replayed)
+                out.append({**row,
+                            "critical_logged": _mean([e.critical_logged for e in epochs]),
+                            "critical_replay": _mean([e.critical_replay for e in epochs]),
+                            "bits_logged": logged, "bits_replay": replay,
+                            "replay_over_logged": None if replay is None else replay / logged,
+                            "note": None if replay is not None else
+                            "no estimate: AdaComp's bits depend on the gradients"})
+    return out
 
 
 def _bits(value: float | None) -> str:

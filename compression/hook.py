@@ -6,8 +6,9 @@ For every bucket DDP hands over (while the backward pass goes on), :func:`comm_h
    before any compression or error feedback),
 2. runs :func:`aggregate_bucket`: the tensors with ndim <= 1 (biases, norm layers) go
    uncompressed in one all-reduce, the matrix-shaped layers through the compressor, and
-3. counts the bits this worker put into its messages and the time spent compressing and
-   decompressing (compute only, not the wait for the network).
+3. counts the bits this worker put into its messages (in all, and for the compressed layers by
+   type: conv kernels, FC/LSTM matrices) and the time spent compressing and decompressing
+   (compute only, not the wait for the network).
 
 With ``compressor=none`` the whole bucket goes in one fp32 all-reduce, as DDP does without a
 hook. Bits are the payload (32 per element for fp32), not the collective's wire traffic.
@@ -34,6 +35,12 @@ from compression.comm import Comm, GroupComm, Pending, Steps, Timer, drive
 from core.errors import ConfigError
 
 FP32_BITS = 32
+LAYER_TYPES = ("conv", "fc")  # per-type accounting (AdaComp's table): ndim >= 3, ndim == 2
+
+
+def layer_type(shape: torch.Size) -> str:
+    """``conv`` for convolution kernels (ndim >= 3); ``fc`` for FC, embedding and LSTM weights."""
+    return "conv" if len(shape) >= 3 else "fc"
 
 
 def aggregate_bucket(compressor: Compressor, dense: list[torch.Tensor], layers: list[Layer],
@@ -109,6 +116,8 @@ class HookState:
         self.bits = 0
         self.wire_bits = 0
         self.bits_dense = 0
+        self.type_bits = dict.fromkeys(LAYER_TYPES, 0)  # compressed layers' bits, by type
+        self.type_bits_dense = dict.fromkeys(LAYER_TYPES, 0)  # the same layers in fp32
         self.timer.seconds = 0.0
         for g in self.grad_sums.values():
             g.zero_()
@@ -121,6 +130,9 @@ class HookState:
             "comm/bits_dense": float(self.bits_dense),
             "time/compress_s": self.timer.seconds,
         }
+        for kind in LAYER_TYPES:
+            stats[f"comm/bits_{kind}"] = float(self.type_bits[kind])
+            stats[f"comm/bits_dense_{kind}"] = float(self.type_bits_dense[kind])
         for name in self.compressed_layers():
             stats[f"level/{name}"] = self.layers[name].level
         for name, g in self.grad_norms().items():
@@ -178,6 +190,10 @@ class HookState:
         sent = yield from aggregate_bucket(self.compressor, dense, layers, grads, self.comm)
         self.bits += sum(s.bits for s in sent)
         self.wire_bits += sum(s.wire_bits for s in sent)
+        for layer, s in zip(layers, sent[len(sent) - len(layers):], strict=True):
+            kind = layer_type(layer.shape)
+            self.type_bits[kind] += s.bits
+            self.type_bits_dense[kind] += FP32_BITS * layer.shape.numel()
         return buffer
 
 

@@ -171,3 +171,12 @@ def without_a_compiler(library: Library, tmp_path: Path, monkeypatch: pytest.Mon
             yield record
     finally:
         library.reset()
+
+
+# ---- analysis: real run records of tiny runs, trained once per session ----------------------
+@pytest.fixture(scope="session")
+def analysis_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runs dir of :mod:`tests.analysis_fixture` (read-only: copy it to change it)."""
+    from tests.analysis_fixture import train_fixture_runs
+
+    return train_fixture_runs(tmp_path_factory.mktemp("analysis"))

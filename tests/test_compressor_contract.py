@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
+from compression.hook import LAYER_TYPES, layer_type
 from core.ranks import run_ranks
 from tests.test_compression_ddp import batch, make_ddp, plain, train
 
@@ -106,17 +107,23 @@ def test_simulate_equals_ddp_and_checkpoints_continue(case: str) -> None:
     ranks = run_ranks(_contract, 2, (name, params, steps))
     for layer, p in ranks[0]["params"].items():
         assert np.array_equal(p, ranks[1]["params"][layer]), f"ranks differ on {layer}"
+    compressor = compression.create(name, **params)
+    type_bits = dict.fromkeys(LAYER_TYPES, 0)  # rank 0's bits per compressed layer type
     for layer, first in ranks[0]["local"][0].items():
         sim = compression.Simulation(name, 2, first.shape, layer_name=layer, **params)
         for step in range(steps):
-            out, _ = sim.step([torch.from_numpy(r["local"][step][layer]) for r in ranks])
+            out, bits = sim.step([torch.from_numpy(r["local"][step][layer]) for r in ranks])
+            if sim.compressed:
+                type_bits[layer_type(sim.shape)] += bits[0]
             for r in ranks:  # buckets batch layers differently: the last bits may differ
                 torch.testing.assert_close(torch.from_numpy(r["aggregated"][step][layer]), out,
                                            atol=1e-6, rtol=1e-5, msg=f"{layer} step {step}")
-    compressor = compression.create(name, **params)
     stats = ranks[0]["stats"]
+    assert {k: stats[f"comm/bits_{k}"] for k in LAYER_TYPES} == type_bits
     if compressor.compresses:
         assert 0 < stats["comm/bits"] < stats["comm/bits_dense"]
+        conv = sum(g.size for g in ranks[0]["local"][0].values() if g.ndim >= 3)
+        assert stats["comm/bits_dense_conv"] == 32 * steps * conv
     else:
         assert stats["comm/bits"] == stats["comm/bits_dense"] == stats["comm/wire_bits"]
     for r in ranks:

@@ -43,10 +43,10 @@ print("checked")
 
 def project_files(source: Path) -> set[Path]:
     """What the wheel must install (relative paths): run.py, the Python files of the packages
-    (every top-level folder with Python code, but tests), the C kernels' sources and the Hydra
-    configs."""
+    (every top-level folder with Python code, but tests), the C kernels' sources, the Hydra
+    configs and the published reference numbers the analysis reads."""
     files = {source / "run.py", *(source / "compression" / "kernels").iterdir(),
-             *(source / "conf").rglob("*.yaml")}
+             *(source / "conf").rglob("*.yaml"), *(source / "analysis" / "reference").iterdir()}
     for folder in source.iterdir():
         if folder.is_dir() and folder.name != "tests":
             files.update(folder.rglob("*.py"))

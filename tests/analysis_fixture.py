@@ -1,0 +1,105 @@
+"""Real run records for the analysis tests: ten tiny runs of `run.py`, trained once.
+
+One `python run.py -m` process (Hydra's sequential launcher: one start-up for all runs) over a
+config group written here; each option is one run, with the run identity of CONTRACT.md:
+
+- ``table1``: PowerSGD rank 2 (the baseline), rank 1 and Accordion 2 <-> 1 (interval 1: epochs
+  0-1 critical, epoch 2 decided by the norms), seeds 0 and 1; seed 0 with an offline W&B run;
+- ``table5``: no compression, batch 32 (the baseline) and Accordion batch 32 <-> 64, seed 0;
+- ``adacomp``: no compression (the baseline) and AdaComp (conv bin 50, FC bin 500), seed 0.
+
+Every run: ResNet-18 at width 8 on 64 digits (2 steps an epoch), 3 epochs; about 40 s of CPU in
+all. Directory names are Hydra's job numbers: the analysis never reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import assert_ok, run_cli
+
+GROUP = "analysis_fixture"
+COMMON = ["model.width=8", "dataset.subset=64", "trainer.batch_size=32", "trainer.epochs=3",
+          "trainer.progress=false", "trainer.device=cpu"]
+
+
+@dataclass
+class Spec:
+    """One run group of the fixture."""
+
+    sweep: str
+    method: str
+    baseline: str
+    seeds: tuple[int, ...] = (0,)
+    defaults: dict[str, str] = field(default_factory=dict)  # config group -> option
+    keys: dict[str, dict[str, object]] = field(default_factory=dict)  # group -> key -> value
+    wandb: bool = False  # an offline W&B run (seed 0 only)
+
+    def option(self, seed: int) -> str:
+        """The config file of this group's run with ``seed``."""
+        defaults = [f"  - override /{g}: {c}" for g, c in self.defaults.items()]
+        if not (self.wandb and seed == 0):
+            defaults.append("  - override /logger: none")
+        lines = ["# @package _global_", "defaults:", *defaults,
+                 f"sweep: {self.sweep}", "scale: tiny", f"method: {self.method}",
+                 "variant: ours", f"baseline: {self.baseline}", f"seed: {seed}"]
+        for group, values in self.keys.items():
+            lines += [f"{group}:", *(f"  {k}: {v}" for k, v in values.items())]
+        return "\n".join(lines) + "\n"
+
+
+POWERSGD = {"compressor": "powersgd"}
+SPECS = [
+    Spec("table1", "rank2", "rank2", (0, 1), POWERSGD, {"compressor": {"rank": 2}}, True),
+    Spec("table1", "rank1", "rank2", (0, 1), POWERSGD, {"compressor": {"rank": 1}}, True),
+    Spec("table1", "accordion_rank2_rank1", "rank2", (0, 1),
+         {**POWERSGD, "scheduler": "accordion"},
+         {"scheduler": {"low": 2, "high": 1, "interval": 1}}, True),
+    Spec("table5", "batch512", "batch512"),
+    Spec("table5", "accordion_batch512_batch4096", "batch512",
+         defaults={"scheduler": "accordion_batch"},
+         keys={"scheduler": {"batch_low": 32, "batch_high": 64, "interval": 1}}),
+    Spec("adacomp", "none", "none"),
+    Spec("adacomp", "adacomp", "none", defaults={"compressor": "adacomp"}),
+]
+
+
+def train_fixture_runs(root: Path) -> Path:
+    """Train every run below ``root`` in one process; returns the runs dir."""
+    conf = root / "conf" / GROUP
+    conf.mkdir(parents=True)
+    options = []
+    for i, spec in enumerate(SPECS):
+        for seed in spec.seeds:
+            options.append(f"g{i}_s{seed}")
+            (conf / f"{options[-1]}.yaml").write_text(spec.option(seed))
+    runs = root / "runs"
+    proc = run_cli(["-m", f"hydra.searchpath=[file://{root / 'conf'}]",
+                    f"+{GROUP}={','.join(options)}", *COMMON, f"hydra.sweep.dir={runs}"],
+                   env={"WANDB_MODE": "offline"})
+    assert_ok(proc)
+    return runs
+
+
+# ---- reading the records by hand (the tests' independent view) -----------------------------
+def read_by_hand(runs: Path) -> list[dict]:
+    """Every run below ``runs``: its dir, resolved-enough config keys and metrics rows, read with
+    plain json / yaml (not the analysis code)."""
+    out = []
+    for config in sorted(runs.glob("*/.hydra/config.yaml")):
+        run_dir = config.parent.parent
+        cfg = yaml.safe_load(config.read_text())
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        out.append({"dir": run_dir, "cfg": cfg, "rows": rows, "summary": summary})
+    return out
+
+
+if __name__ == "__main__":  # python -m tests.analysis_fixture DIR: the same runs, for the README
+    import sys
+
+    print(train_fixture_runs(Path(sys.argv[1])))
