@@ -74,6 +74,7 @@ def build_compressor(cfg: Any) -> Compressor:
 
 
 def build(cfg: Any, named_parameters: Iterable[tuple[str, nn.Parameter]],
-          group: ProcessGroup | None = None) -> HookState:
-    """Hook state for the ``compressor`` config node over the model's parameters."""
-    return HookState(build_compressor(cfg), named_parameters, group)
+          group: ProcessGroup | None = None, **kwargs: Any) -> HookState:
+    """Hook state for the ``compressor`` config node over the model's parameters (``kwargs``:
+    :class:`HookState`'s ``comm`` and ``track_norms``)."""
+    return HookState(build_compressor(cfg), named_parameters, group, **kwargs)

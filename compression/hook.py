@@ -71,10 +71,12 @@ class HookState:
     """Everything the hook keeps between steps: layers, memories, the epoch's accounting."""
 
     def __init__(self, compressor: Compressor, named_parameters: Iterable[tuple[str, nn.Parameter]],
-                 group: ProcessGroup | None = None) -> None:
+                 group: ProcessGroup | None = None, comm: Comm | None = None,
+                 track_norms: bool = True) -> None:
         self.compressor = compressor
-        self.comm = GroupComm(group)
+        self.comm = comm or GroupComm(group)  # a SimComm for simulated workers
         self.world_size = self.comm.world_size
+        self.track_norms = track_norms  # keep Delta_e (simulated workers: only worker 0)
         self.layers: dict[str, Layer] = {}
         self._name_of: dict[int, str] = {}
         for name, param in named_parameters:
@@ -166,6 +168,10 @@ class HookState:
             self.layers[name].memory = {k: v.clone() for k, v in saved["memory"].items()}
 
     # ---- used by the hook ---------------------------------------------------------------
+    def name_of(self, param: nn.Parameter) -> str:
+        """The name of one of the model's parameters."""
+        return self._name_of[id(param)]
+
     def split(self, names: list[str], grads: list[torch.Tensor], buffer: torch.Tensor
               ) -> tuple[list[torch.Tensor], list[Layer], list[torch.Tensor]]:
         """A bucket's tensors sent dense, its compressed layers and their gradients (views into
@@ -175,6 +181,18 @@ class HookState:
         compressed = [(self.layers[n], g) for n, g in zip(names, grads, strict=True) if g.ndim > 1]
         return ([g for g in grads if g.ndim <= 1], [layer for layer, _ in compressed],
                 [g for _, g in compressed])
+
+    def aggregate(self, names: list[str], grads: list[torch.Tensor], buffer: torch.Tensor
+                  ) -> Future[torch.Tensor]:
+        """Aggregate one bucket (``grads``: views into ``buffer`` of the parameters ``names``);
+        the future completes with ``buffer`` holding the mean over workers."""
+        if self.track_norms:
+            self._accumulate(names, grads)
+        self.bits_dense += FP32_BITS * buffer.numel()
+        dense, layers, compressed = self.split(names, grads, buffer)
+        steps = self._bucket_steps(self._previous, dense, layers, compressed, buffer)
+        self._previous = drive(steps, self.timer)
+        return self._previous
 
     def _accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
         for name, grad in zip(names, grads, strict=True):
@@ -199,13 +217,5 @@ class HookState:
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """DDP communication hook: aggregate one bucket with ``state.compressor``."""
-    buffer = bucket.buffer()
-    grads = bucket.gradients()
-    names = [state._name_of[id(p)] for p in bucket.parameters()]
-    state._accumulate(names, grads)
-    state.bits_dense += FP32_BITS * buffer.numel()
-
-    dense, layers, compressed = state.split(names, grads, buffer)
-    steps = state._bucket_steps(state._previous, dense, layers, compressed, buffer)
-    state._previous = drive(steps, state.timer)
-    return state._previous
+    names = [state.name_of(p) for p in bucket.parameters()]
+    return state.aggregate(names, bucket.gradients(), bucket.buffer())

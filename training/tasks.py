@@ -84,9 +84,15 @@ class Classification:
         x, y = (t.to(self.device, non_blocking=True) for t in batch)
         return F.cross_entropy(model(x), y), len(y)
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Test loss and accuracy (%) over the whole test set, summed over ranks."""
+        totals = self.test_totals(model)
+        dist.all_reduce(totals)
+        return self.test_metrics(totals)
+
+    @torch.no_grad()
+    def test_totals(self, model: nn.Module) -> torch.Tensor:
+        """This rank's shard of the test set: summed loss, correct predictions, examples."""
         model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         for x, y in self.test_loader:
@@ -95,8 +101,12 @@ class Classification:
             totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
             totals[1] += (logits.argmax(1) == y).sum()
             totals[2] += len(y)
-        dist.all_reduce(totals)
         model.train()
+        return totals
+
+    @staticmethod
+    def test_metrics(totals: torch.Tensor) -> dict[str, float]:
+        """``test/loss`` and ``test/accuracy`` (%) from the totals of every shard."""
         loss, correct, n = totals.tolist()
         return {"test/loss": loss / n, "test/accuracy": 100.0 * correct / n}
 
@@ -157,9 +167,15 @@ class LanguageModel:
         self.hidden = _detach(hidden)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)), y.numel()
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Test loss per token and perplexity over the whole test stream, summed over ranks."""
+        totals = self.test_totals(model)
+        dist.all_reduce(totals)
+        return self.test_metrics(totals)
+
+    @torch.no_grad()
+    def test_totals(self, model: nn.Module) -> torch.Tensor:
+        """This rank's shard of the test stream: summed cross-entropy and tokens."""
         model.eval()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         hidden = None
@@ -168,8 +184,12 @@ class LanguageModel:
             totals[0] += F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
                                          reduction="sum").double()
             totals[1] += y.numel()
-        dist.all_reduce(totals)
         model.train()
+        return totals
+
+    @staticmethod
+    def test_metrics(totals: torch.Tensor) -> dict[str, float]:
+        """``test/loss`` per token and ``test/perplexity`` from the totals of every shard."""
         loss = totals[0].item() / totals[1].item()
         return {"test/loss": loss, "test/perplexity": math.exp(min(loss, 700.0))}
 

@@ -1,0 +1,216 @@
+"""Simulated learners: W logical workers of a data-parallel job in one process.
+
+``launcher=simulated trainer.workers=W`` trains as W DDP ranks would, on one CPU: each worker has
+its own data shard (its own ``DistributedSampler`` rank), its own RNG streams (data order,
+augmentation, dropout: seeded as rank w would seed them), computes its own gradient and keeps its
+own compressor memories; the aggregation runs the very compressor code of the DDP hook, through
+the in-process collectives of :mod:`compression.simulate` (:class:`~compression.comm.SimComm`).
+
+How a step runs (:meth:`SimulatedWorkers.step`):
+
+1. worker by worker, forward and backward through a real ``DistributedDataParallel`` over this
+   process's world-size-1 group, whose comm hook (:class:`_Recorder`) keeps a copy of each
+   bucket and hands it back unchanged: the buckets are exactly those of a real DDP job (DDP
+   builds them, and rebuilds them after the first step, from the same model);
+2. bucket by bucket, each worker's :class:`~compression.hook.HookState` aggregates its copy; the
+   i-th collectives of the W workers meet in memory, so every worker ends with the mean;
+3. worker 0's result becomes the gradient of the one model, and the one optimizer steps.
+
+BatchNorm running statistics are worker 0's (a DDP job broadcasts rank 0's buffers), and the
+statistic Accordion decides on is worker 0's Delta_e (rank 0's). With W = 2 the per-epoch metrics
+equal those of a real 2-rank gloo job bit for bit on CPU (tested).
+
+Memory: one model and one optimizer; per worker a copy of its gradient (the buckets, held until
+the exchange completes) and its compressor memory (error feedback: one gradient-sized tensor;
+PowerSGD: that plus Q; AdaComp: its residue; ``none``: nothing); the all-gather compressors keep
+one message buffer per worker and bucket and a gather buffer of W messages per worker.
+"""
+
+# No `from __future__ import annotations`: DDP checks the recording hook's annotations at runtime.
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.futures import Future
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import compression
+from compression.comm import SimComm
+from compression.hook import HookState
+from core.distributed import DistEnv
+
+Bucket = tuple[list[nn.Parameter], torch.Tensor, list[torch.Tensor]]  # params, buffer, views
+
+
+class _Recorder:
+    """A DDP comm hook's state that keeps a copy of every bucket's local gradients."""
+
+    def __init__(self) -> None:
+        self.buckets: list[Bucket] = []
+
+
+
+def _record(state: _Recorder, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """DDP comm hook: keep the bucket (its parameters, a copy of its buffer and the gradients'
+    views into the copy); hand it back as it is."""
+    buffer = bucket.buffer()
+    copy = buffer.clone()
+    views = [copy[g.storage_offset() - buffer.storage_offset():][:g.numel()].view_as(g)
+             for g in bucket.gradients()]
+    state.buckets.append((list(bucket.parameters()), copy, views))
+    done: Future[torch.Tensor] = Future()
+    done.set_result(buffer)
+    return done
+
+
+class AllWorkers:
+    """The schedulers' view of the workers' hook states: worker 0's layers, levels set on all."""
+
+    def __init__(self, states: list[HookState]) -> None:
+        self.states = states
+        self.compressor = states[0].compressor
+
+    def compressed_layers(self) -> list[str]:
+        """The layers the compressor handles (the same on every worker)."""
+        return self.states[0].compressed_layers()
+
+    def set_levels(self, levels: dict[str, Any]) -> None:
+        """Set the levels on every worker, as every rank of a DDP job does."""
+        for state in self.states:
+            state.set_levels(levels)
+
+
+class WorkerRNG:
+    """Each worker's Python, NumPy and torch (CPU) RNG states, swapped in while it works."""
+
+    def __init__(self, seeds: list[int]) -> None:
+        self.states = []
+        for seed in seeds:
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+            self.states.append(capture())
+
+    @contextmanager
+    def worker(self, w: int) -> Iterator[None]:
+        """Inside: worker ``w``'s RNG streams; afterwards, where it left them."""
+        restore(self.states[w])
+        try:
+            yield
+        finally:
+            self.states[w] = capture()
+
+
+def capture() -> dict[str, Any]:
+    """The process's RNG states."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Set the process's RNG states to ``state``."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+class SimulatedWorkers:
+    """``world_size`` workers of ``model`` under the compressor config ``compressor_cfg``.
+
+    ``tasks[w]`` is worker w's task (data shard and loss, :mod:`training.tasks`), ``seeds[w]``
+    the seed rank w would seed its data-side RNG with.
+    """
+
+    def __init__(self, model: nn.Module, compressor_cfg: Any, tasks: list[Any],
+                 seeds: list[int], bucket_cap_mb: float) -> None:
+        self.world_size = len(tasks)
+        self.model, self.tasks = model, tasks
+        self.ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)  # world size 1: real DDP buckets
+        self.recorder = _Recorder()
+        self.ddp.register_comm_hook(self.recorder, _record)
+        compressor = compression.build_compressor(compressor_cfg)  # one, shared by all
+        comms = SimComm.group(self.world_size)
+        self.states = [HookState(compressor, model.named_parameters(), comm=comms[w],
+                                 track_norms=w == 0) for w in range(self.world_size)]
+        self.hook_state = AllWorkers(self.states)
+        self.rng = WorkerRNG(seeds)
+
+    # ---- a step --------------------------------------------------------------------------
+    def step(self, local_backward: Callable[[int], None]) -> None:
+        """One optimizer step's gradients: ``local_backward(w)`` runs worker w's forward and
+        backward through :attr:`ddp` (with its RNG streams swapped in); afterwards every
+        parameter's ``.grad`` holds the aggregate, as after a DDP job's backward."""
+        recorded, buffers = [], [b.detach().clone() for b in self.model.buffers()]
+        for w in range(self.world_size):
+            self.recorder.buckets = []
+            self.model.zero_grad(set_to_none=True)  # worker w's own gradient
+            with self.rng.worker(w):
+                local_backward(w)
+            # DDP rebuilds its buckets after its first backward: lay every worker's gradients
+            # out in worker 0's buckets, as every rank of a real job has the same ones.
+            recorded.append(self.recorder.buckets if w == 0 else
+                            _relayout(self.recorder.buckets, recorded[0]))
+            if w == 0:
+                buffers = [b.detach().clone() for b in self.model.buffers()]
+            else:                                   # running statistics: worker 0's
+                for b, saved in zip(self.model.buffers(), buffers, strict=True):
+                    b.copy_(saved)
+        futures = []
+        for b in range(len(recorded[0])):           # bucket by bucket, as DDP calls the hook
+            for w, state in enumerate(self.states):
+                params, buffer, views = recorded[w][b]
+                futures.append(state.aggregate([state.name_of(p) for p in params], views,
+                                               buffer))
+        if not all(f.done() for f in futures):
+            raise RuntimeError("simulated workers did not finish the step together")
+        for params, _, views in recorded[0]:        # every worker holds the same mean
+            torch._foreach_copy_([p.grad for p in params], views)
+
+    # ---- accounting (worker 0's, as rank 0 records) -----------------------------------------
+    def reset_epoch(self) -> None:
+        """Start every worker's epoch sums."""
+        for state in self.states:
+            state.reset_epoch()
+
+    def epoch_stats(self) -> dict[str, float]:
+        """Worker 0's epoch metrics (bits it sent, its Delta_e norms, levels)."""
+        return self.states[0].epoch_stats()
+
+    def grad_norms(self) -> dict[str, float]:
+        """Worker 0's ||Delta_e|| per layer (what every rank of a DDP job decides on)."""
+        return self.states[0].grad_norms()
+
+    # ---- checkpoint -----------------------------------------------------------------------
+    def rank_states(self) -> list[dict[str, Any]]:
+        """Every worker's own state: RNG streams and compressor memories (a rank's part of a
+        checkpoint)."""
+        return [{"rng": rng, "compressor": state.state_dict()}
+                for rng, state in zip(self.rng.states, self.states, strict=True)]
+
+    def load_rank_states(self, per_rank: list[dict[str, Any]]) -> None:
+        """Restore :meth:`rank_states`."""
+        for w, (mine, state) in enumerate(zip(per_rank, self.states, strict=True)):
+            self.rng.states[w] = mine["rng"]
+            state.load_state_dict(mine["compressor"])
+
+
+def simulated_envs(world_size: int) -> list[DistEnv]:
+    """The (rank, world size) every simulated worker sees, as its tasks shard the data."""
+    return [DistEnv(w, world_size, 0, "simulated") for w in range(world_size)]
+
+
+def _relayout(buckets: list[Bucket], like: list[Bucket]) -> list[Bucket]:
+    """The gradients of ``buckets`` laid out in the buckets of ``like`` (same parameters)."""
+    grads = {id(p): g for params, _, views in buckets for p, g in zip(params, views,
+                                                                      strict=True)}
+    out = []
+    for params, _, _ in like:
+        buffer = torch.cat([grads[id(p)].reshape(-1) for p in params])
+        out.append((params, buffer, [v.view_as(p) for v, p in zip(
+            buffer.split([p.numel() for p in params]), params, strict=True)]))
+    return out
