@@ -128,10 +128,10 @@ class AdaComp(Compressor):
         counts = self._compress(layers, grads, message, offsets, sizes)
         parts = yield from gather(comm, self._scratch, layers[0], message)
         self._decompress(layers, grads, parts, offsets, sizes)
-        sent = [Sent(c * (8 if layer.level < 64 else 16) + WORD_BITS, WORD_BITS + 16 * size)
+        sent = [Sent(c * (8 if layer.level < 64 else 16) + WORD_BITS, WORD_BITS + 16 * size, c)
                 for layer, c, size in zip(layers, counts, sizes, strict=True)]
         padding = 8 * (length - 4 * len(layers) - 2 * sum(sizes))  # counted with the first layer
-        sent[0] = Sent(sent[0].bits, sent[0].wire_bits + padding)
+        sent[0] = sent[0]._replace(wire_bits=sent[0].wire_bits + padding)
         return sent
 
     def _compress(self, layers: list[Layer], grads: list[torch.Tensor], message: torch.Tensor,
@@ -192,6 +192,14 @@ class AdaComp(Compressor):
                 negative = unpack_groups(parts[w, at + size:at + 2 * size], n, layer.level)
                 g_q = torch.where(negative, -value[w], value[w]).to(out.dtype)
                 out.add_(torch.where(sent, g_q, 0.0))
+
+    def layer_stats(self, layer: Layer) -> dict[str, float]:
+        """The residue's range (the paper's Figs. 4-6: bounded under the soft threshold, growing
+        under hard LS)."""
+        residue = self.error(layer)
+        if residue is None:
+            return {}
+        return {"residue_min": float(residue.min()), "residue_max": float(residue.max())}
 
     def settle(self, layer: Layer) -> None:
         """Take the owed G_q off the residue (residue = G - sign(G) s where last sent): the

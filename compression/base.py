@@ -45,11 +45,14 @@ class Sent(NamedTuple):
     """What one worker sent for one layer in one step.
 
     ``bits`` is the paper's accounting of the payload; ``wire_bits`` what our own message
-    format puts on the wire (they differ for AdaComp, whose paper encoding we do not implement).
+    format puts on the wire (they differ for AdaComp, whose paper encoding we do not implement);
+    ``elements``: how many of the layer's elements a sparsifier chose to send (None where the
+    message is not a choice of elements).
     """
 
     bits: int
     wire_bits: int
+    elements: int | None = None
 
 
 class Compressor:
@@ -90,6 +93,11 @@ class Compressor:
     def settle(self, layer: Layer) -> None:
         """Bring ``layer.memory`` to its plain form (a compressor may defer part of a step's
         update to the next step); called before the memory is saved or read from outside."""
+
+    def layer_stats(self, layer: Layer) -> dict[str, float]:
+        """Per-layer metrics of the compressor's state, logged at each epoch's end as
+        ``<key>/<layer>`` (e.g. AdaComp's residue range); cheap: once per epoch."""
+        return {}
 
     def error(self, layer: Layer) -> torch.Tensor | None:
         """The layer's error-feedback memory, settled and shaped as the layer (None without)."""

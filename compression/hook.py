@@ -120,12 +120,15 @@ class HookState:
         self.bits_dense = 0
         self.type_bits = dict.fromkeys(LAYER_TYPES, 0)  # compressed layers' bits, by type
         self.type_bits_dense = dict.fromkeys(LAYER_TYPES, 0)  # the same layers in fp32
+        self.chosen: dict[str, list[int]] = {}  # per layer: elements a sparsifier sent, of all
         self.timer.seconds = 0.0
         for g in self.grad_sums.values():
             g.zero_()
 
     def epoch_stats(self) -> dict[str, float]:
-        """The epoch's metrics (``comm/*``, ``time/compress_s``, ``level/*``, ``grad_norm/*``)."""
+        """The epoch's metrics: ``comm/*``, ``time/compress_s``, ``level/*``, ``grad_norm/*``,
+        ``sent_fraction/*`` (sparsifiers: the elements sent over those offered) and the
+        compressor's own per-layer ``layer_stats``."""
         stats: dict[str, float] = {
             "comm/bits": float(self.bits),
             "comm/wire_bits": float(self.wire_bits),
@@ -137,6 +140,10 @@ class HookState:
             stats[f"comm/bits_dense_{kind}"] = float(self.type_bits_dense[kind])
         for name in self.compressed_layers():
             stats[f"level/{name}"] = self.layers[name].level
+            for key, value in self.compressor.layer_stats(self.layers[name]).items():
+                stats[f"{key}/{name}"] = value
+        for name, (sent, offered) in self.chosen.items():
+            stats[f"sent_fraction/{name}"] = sent / offered
         for name, g in self.grad_norms().items():
             stats[f"grad_norm/{name}"] = g
         return stats
@@ -212,6 +219,10 @@ class HookState:
             kind = layer_type(layer.shape)
             self.type_bits[kind] += s.bits
             self.type_bits_dense[kind] += FP32_BITS * layer.shape.numel()
+            if s.elements is not None:
+                chosen = self.chosen.setdefault(layer.name, [0, 0])
+                chosen[0] += s.elements
+                chosen[1] += layer.shape.numel()
         return buffer
 
 
