@@ -6,7 +6,7 @@ PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint clean bench-compressors bench-e2e bench-tta
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -33,3 +33,10 @@ clean: ## remove run outputs (keeps .venv)
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
 	$(PY) -m benchmarks.compressors
+
+bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) -> results/bench/e2e.*, projection.*
+	$(PY) -m benchmarks.e2e
+	$(PY) -m benchmarks.projection
+
+bench-tta: $(VENV_STAMP) ## time to accuracy of run.py jobs over the link at ratio 4 (JOBS=file.yaml) -> results/bench/tta.*
+	$(PY) -m benchmarks.tta $(if $(JOBS),--jobs $(JOBS))

@@ -117,15 +117,21 @@ def step_time(raw: dict[str, Any], key: str) -> float:
     return statistics.median(max(r["step"] for r in step) for step in step_records(raw, key))
 
 
-def compute_profile(raw: dict[str, Any]) -> Compute:
-    """The compute-alone step's phases and bucket ready times (medians over steps of the
-    slower rank's)."""
-    slow = [max(step, key=lambda r: r["step"]) for step in step_records(raw, "compute")]
+def profile(raw: dict[str, Any], key: str) -> Compute:
+    """Method ``key``'s step phases and bucket ready times: medians over steps of the slower
+    rank's (for ``compute``, the compute-alone profile the model is fed with; for others, its
+    backward includes the wait for communication)."""
+    slow = [max(step, key=lambda r: r["step"]) for step in step_records(raw, key)]
     ready = [statistics.median(r["ready"][b] for r in slow) for b in range(len(slow[0]["ready"]))]
     return Compute(forward=statistics.median(r["forward"] for r in slow),
                    backward=statistics.median(r["backward"] for r in slow),
                    optimizer=statistics.median(r["optimizer"] for r in slow),
                    ready=tuple(ready))
+
+
+def compute_profile(raw: dict[str, Any]) -> Compute:
+    """The compute-alone step's profile (see :func:`profile`)."""
+    return profile(raw, "compute")
 
 
 def collectives(raw: dict[str, Any], key: str) -> list[list[Collective]]:
@@ -173,6 +179,9 @@ def analyze(raw: dict[str, Any]) -> list[dict[str, Any]]:
         compress_s = _median(r["compress_s"] for r in records) if m["kind"] == "ours" else None
         wire_bits = _median(r["wire_bits"] for r in records) if m["kind"] == "ours" else None
         speedup, ideal_speedup = base_step / measured, base_ideal / ideal
+        mine = profile(raw, key)
+        ideal_tail = max(0.0, netmodel.comm_end(compute, buckets, WORLD, link)
+                         - compute.ready[-1])
         rows.append({
             "model": raw["model_name"], "ratio": raw["ratio"], "method": m["label"],
             "key": key, "step_ms": 1e3 * measured, "compute_ms": 1e3 * compute_s,
@@ -186,6 +195,12 @@ def analyze(raw: dict[str, Any]) -> list[dict[str, Any]]:
             "lo_MB": _median(s["lo_bytes"] for s in raw["ranks"][0]["steps"][key]) / 1e6,
             "lo_expected_MB": WORLD * sum(netmodel.wire_bytes(c, WORLD) for c in flat) / 1e6,
             "compress_ms": None if compress_s is None else 1e3 * compress_s,
+            # where a step's time beyond the ideal goes (see markdown()):
+            "gap_ms": 1e3 * (measured - ideal),
+            "ready_shift_ms": 1e3 * (mine.ready[-1] - compute.ready[-1]),
+            "tail_excess_ms": 1e3 * (mine.backward - mine.ready[-1] - ideal_tail),
+            "fwd_opt_shift_ms": 1e3 * (mine.forward + mine.optimizer - compute.forward
+                                       - compute.optimizer),
         })
     return rows
 
@@ -193,20 +208,22 @@ def analyze(raw: dict[str, Any]) -> list[dict[str, Any]]:
 def calibration_row(raw: dict[str, Any]) -> dict[str, Any]:
     """What a (model, ratio) run's link was: rate, dense all-reduce alone vs compute."""
     compute_s, dense_s = step_time(raw, "compute"), step_time(raw, "dense")
+    dense_bytes = _median(s["lo_bytes"] for s in raw["ranks"][0]["steps"]["dense"])
     return {"model": raw["model_name"], "ratio": raw["ratio"],
             "rate_Mbit_s": None if raw["rate"] is None else 8 * raw["rate"] / 1e6,
             "compute_ms": 1e3 * compute_s, "dense_ms": 1e3 * dense_s,
             "achieved_ratio": dense_s / compute_s, "alpha_ms": 1e3 * latency(raw),
-            "dense_lo_MB": _median(s["lo_bytes"] for s in raw["ranks"][0]["steps"]["dense"])
-            / 1e6, "tbf_dropped": raw["qdisc"]["dropped"], "wall_s": raw["wall_s"]}
+            "dense_lo_MB": dense_bytes / 1e6,
+            # the dense all-reduce alone against its bytes at the tbf rate: the link's own loss
+            "link_efficiency": None if raw["rate"] is None else dense_bytes / raw["rate"]
+            / dense_s, "tbf_dropped": raw["qdisc"]["dropped"], "wall_s": raw["wall_s"]}
 
 
 # ---- the benchmark ---------------------------------------------------------------------------
-def rate_for(ratio: float, calibration: dict[str, Any]) -> float:
-    """tbf rate (bytes/s) at which the dense all-reduce's lo traffic takes ``ratio`` x the
-    compute time (both measured in the calibration run)."""
-    dense_bytes = calibration["dense_lo_MB"] * 1e6
-    return dense_bytes / (ratio * calibration["compute_ms"] / 1e3)
+def rate_for(ratio: float, dense_bytes: float, compute_s: float) -> float:
+    """tbf rate (bytes/s) at which ``dense_bytes`` through lo (the dense all-reduce's, both
+    ranks) take ``ratio`` x ``compute_s``."""
+    return dense_bytes / (ratio * compute_s)
 
 
 def calibrate(ns: Namespace, model: dict[str, Any], steps: int, path: Path,
@@ -222,16 +239,33 @@ def calibrate(ns: Namespace, model: dict[str, Any], steps: int, path: Path,
     return calibration
 
 
+def rounds_for(ratio: float, warmup: int, steps: int) -> tuple[int, int]:
+    """(warm-up rounds, measured steps) at ``ratio``. From ratio 8 on, steps are bound by the
+    link (tbf's pace varies little) and cost the most: no warm-up round (the median of at least
+    3 steps drops a first step's set-up) and at most ``steps`` - 1 measured steps."""
+    if ratio < 8:
+        return warmup, steps
+    return 0, max(3, steps - 1)
+
+
 def run_model(ns: Namespace, name: str, model: dict[str, Any], methods: list[dict[str, Any]],
               ratios: Iterable[float], warmup: int, steps: int, raw_dir: Path) -> None:
-    """Calibrate one model without a limit, then run every method at every ratio."""
+    """Calibrate one model without a limit, then run every method at every ratio.
+
+    The compute time a rate is aimed at is the median of every compute-alone measurement of
+    the model so far: on a busy machine it drifts between runs (each run reports the ratio it
+    achieved, measured side by side).
+    """
     calibration = calibrate(ns, model, max(steps, 3), raw_dir / f"{name}-calibration.json", name)
+    dense_bytes = calibration["dense_lo_MB"] * 1e6
+    computes = [calibration["compute_ms"] / 1e3]
     for ratio in ratios:
-        ns.set_rate(rate_for(ratio, calibration))
-        raw = launch(ns, model, methods, warmup, steps,
+        ns.set_rate(rate_for(ratio, dense_bytes, statistics.median(computes)))
+        raw = launch(ns, model, methods, *rounds_for(ratio, warmup, steps),
                      path=raw_dir / f"{name}-ratio{ratio:g}.json",
                      extra={"model_name": name, "ratio": ratio})
         row = calibration_row(raw)
+        computes.append(row["compute_ms"] / 1e3)
         print(f"  ratio {ratio:g}: rate {row['rate_Mbit_s']:.0f} Mbit/s, achieved "
               f"{row['achieved_ratio']:.2f}, {raw['wall_s']:.0f} s", flush=True)
 
@@ -319,60 +353,81 @@ def write(rows: list[dict[str, Any]], calibrations: list[dict[str, Any]],
     (out / "e2e.md").write_text(markdown(rows, calibrations, context))
 
 
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(cells) + " |" for cells in body]]
+
+
+def _miss(r: dict[str, Any]) -> bool:
+    return r["ratio"] >= 1 and r["key"] != "none" and r["efficiency"] < TARGET
+
+
 def markdown(rows: list[dict[str, Any]], calibrations: list[dict[str, Any]],
              context: dict[str, Any]) -> str:
-    """The benchmark's report: set-up, calibration, speed-ups against the model, bytes."""
+    """The benchmark's report: set-up, calibration, speed-ups against the model, where the
+    time of a miss goes, bytes."""
     ratios = sorted({r["ratio"] for r in rows})
-    load = ", ".join(f"{a:.1f}" for a in context["load_before"])
+    load = [", ".join(f"{a:.1f}" for a in context[k]) for k in ("load_before", "load_after")]
+    errors = [abs(r["model_error"]) for r in rows if r["ratio"] >= 1]
     lines = [
         f"2 ranks (gloo, 1 thread each) in a network namespace, lo rate-limited by tbf; "
-        f"{context['steps']} measured steps per method after {context['warmup']} warm-up "
-        f"rounds, methods interleaved step by step; medians of the slower rank's step. "
-        f"Took {context['minutes']:.1f} min; load average before {load}, after "
-        + ", ".join(f"{a:.1f}" for a in context["load_after"]) + ".", "",
+        f"methods interleaved step by step, {context['steps']} measured steps each after "
+        f"{context['warmup']} warm-up round(s) (from ratio 8 on: no warm-up, "
+        f"{max(3, context['steps'] - 1)} steps); medians of the slower rank's step. Took "
+        f"{context['minutes']:.1f} min; load average before {load[0]}, after {load[1]}.", "",
         "**Link calibration.** `ratio`: the dense all-reduce alone over the compute time, "
-        "as aimed for (from the unlimited run) and as achieved in the run itself. alpha: a "
-        "one-float all-reduce.", "",
-        "| model | ratio | tbf Mbit/s | compute ms | dense all-reduce ms | achieved ratio | "
-        "alpha ms | dense MB on lo | run s |", "|---|---|---|---|---|---|---|---|---|"]
-    for c in calibrations:
-        lines.append(f"| {c['model']} | {'unlimited' if c['ratio'] is None else _fmt(c['ratio'])}"
-                     f" | {_fmt(c['rate_Mbit_s'], 0)} | {_fmt(c['compute_ms'], 0)} | "
-                     f"{_fmt(c['dense_ms'], 0)} | {_fmt(c['achieved_ratio'])} | "
-                     f"{_fmt(c['alpha_ms'])} | {_fmt(c['dense_lo_MB'], 1)} | "
-                     f"{_fmt(c['wall_s'], 0)} |")
-    lines += ["", "**Speed-up over `none`**, measured (ideal model), and measured / ideal; "
-              f"target >= {TARGET} at ratios >= 1 (`*` marks a miss).", ""]
+        "aimed at from the earlier runs and achieved in the run itself (both measured side by "
+        "side). `link eff.`: the dense all-reduce's bytes on lo at the tbf rate over its "
+        "measured time. alpha: a one-float all-reduce.", "",
+        *_table(["model", "ratio", "tbf Mbit/s", "compute ms", "dense all-reduce ms",
+                 "achieved ratio", "link eff.", "alpha ms", "dense MB on lo", "run s"],
+                [[c["model"], "unlimited" if c["ratio"] is None else f"{c['ratio']:g}",
+                  _fmt(c["rate_Mbit_s"], 0), _fmt(c["compute_ms"], 0), _fmt(c["dense_ms"], 0),
+                  _fmt(c["achieved_ratio"]), _fmt(c["link_efficiency"]), _fmt(c["alpha_ms"]),
+                  _fmt(c["dense_lo_MB"], 1), _fmt(c["wall_s"], 0)] for c in calibrations]),
+        "", f"**Speed-up over `none`**: measured (ideal model's) and measured / ideal; target >= "
+        f"{TARGET} at ratios >= 1 (`*`: missed). The ideal model predicts the measured step "
+        f"times at ratios >= 1 with a median |error| of {100 * statistics.median(errors):.0f}% "
+        f"(max {100 * max(errors):.0f}%).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
-        mine = [r for r in rows if r["model"] == model]
-        lines += [f"*{model}*", "",
-                  "| method | " + " | ".join(f"ratio {x:g}" for x in ratios) + " |",
-                  "|---|" + "---|" * len(ratios)]
-        for method in dict.fromkeys(r["method"] for r in mine):
-            cells = []
+        mine = {(r["method"], r["ratio"]): r for r in rows if r["model"] == model}
+        body = []
+        for method in dict.fromkeys(m for m, _ in mine):
+            cells = [method]
             for x in ratios:
-                r = next((r for r in mine if r["method"] == method and r["ratio"] == x), None)
-                if r is None:
-                    cells.append("")
-                    continue
-                miss = "*" if x >= 1 and r["key"] != "none" and r["efficiency"] < TARGET else ""
-                cells.append(f"{r['speedup']:.2f}x ({r['ideal_speedup']:.2f}x) "
-                             f"{r['efficiency']:.2f}{miss}")
-            lines.append(f"| {method} | " + " | ".join(cells) + " |")
-        lines.append("")
-    lines += ["**Bytes per step** (ratio 1 run): `hook`: our hook's `comm/wire_bits` / 8 (one "
+                r = mine.get((method, x))
+                cells.append("" if r is None else
+                             f"{r['speedup']:.2f}x ({r['ideal_speedup']:.2f}x) "
+                             f"{r['efficiency']:.2f}{'*' if _miss(r) else ''}")
+            body.append(cells)
+        lines += [f"*{model}*", "", *_table(["method", *[f"ratio {x:g}" for x in ratios]], body),
+                  ""]
+    misses = [r for r in rows if _miss(r)]
+    lines += ["**Where a missed step's time goes** (ms per step): `gap`: measured - ideal step; "
+              "`compressor`: our compressor's own work (`time/compress_s`; not timed for "
+              "PyTorch's hook); `ready`: how much later the last bucket was ready than without "
+              "communication (the hook's work shares the rank's core with backward); `tail`: "
+              "backward's end after the last bucket was ready, beyond the ideal's exposed "
+              "communication (serialized buckets, compression of the last bucket, decoding, "
+              "gloo); `fwd+opt`: forward and optimizer slower than without communication.", "",
+              *_table(["model", "ratio", "method", "measured", "ideal", "gap", "compressor",
+                       "ready", "tail", "fwd+opt"],
+                      [[r["model"], f"{r['ratio']:g}", r["method"], _fmt(r["step_ms"], 0),
+                        _fmt(r["ideal_ms"], 0), _fmt(r["gap_ms"], 0), _fmt(r["compress_ms"], 0),
+                        _fmt(r["ready_shift_ms"], 0), _fmt(r["tail_excess_ms"], 0),
+                        _fmt(r["fwd_opt_shift_ms"], 0)] for r in misses]), "",
+              "**Bytes per step** (ratio 1 runs): `hook`: our hook's `comm/wire_bits` / 8 (one "
               "worker's messages); `messages`: every collective's input, as issued; `lo`: what "
               "the namespace's lo carried (both ranks, headers and barriers included) against "
-              "the ring's traffic for these messages; `compress ms`: our compressor's own work "
-              "per step (`time/compress_s`); model error: measured step / ideal step - 1.", "",
-              "| model | method | collectives | hook MB | messages MB | lo MB | expected lo MB "
-              "| compress ms | model error |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r["ratio"] == 1.0:
-            lines.append(f"| {r['model']} | {r['method']} | {r['collectives']} | "
-                         f"{_fmt(r['hook_wire_MB'], 3)} | {_fmt(r['message_MB'], 3)} | "
-                         f"{_fmt(r['lo_MB'], 3)} | {_fmt(r['lo_expected_MB'], 3)} | "
-                         f"{_fmt(r['compress_ms'], 0)} | {r['model_error']:+.2f} |")
+              "the ring's traffic for these messages; model error: measured / ideal step - 1.",
+              "",
+              *_table(["model", "method", "collectives", "hook MB", "messages MB", "lo MB",
+                       "expected lo MB", "compressor ms", "model error"],
+                      [[r["model"], r["method"], str(r["collectives"]),
+                        _fmt(r["hook_wire_MB"], 3), _fmt(r["message_MB"], 3),
+                        _fmt(r["lo_MB"], 3), _fmt(r["lo_expected_MB"], 3),
+                        _fmt(r["compress_ms"], 0), f"{r['model_error']:+.2f}"]
+                       for r in rows if r["ratio"] == 1.0])]
     return "\n".join(lines) + "\n"
 
 

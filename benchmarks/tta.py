@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         with Namespace() as ns:
             calibration = calibrate(ns, rank_spec(jobs[first]), 3,
                                     raw_dir / "calibration.json", first)
-            rate = rate_for(args.ratio, calibration)
+            rate = rate_for(args.ratio, calibration["dense_lo_MB"] * 1e6,
+                            calibration["compute_ms"] / 1e3)
             ns.set_rate(rate)
             for name, overrides in jobs.items():
                 results[name] = run_job(ns, name, overrides, (raw_dir / name).resolve(),
