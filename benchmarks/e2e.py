@@ -39,13 +39,12 @@ from benchmarks.netmodel import Collective, Compute
 from benchmarks.netns import Namespace, Unavailable, rank_env, unavailable_reason
 
 OUT = Path("results/bench")
-RAW = OUT / "raw" / "e2e"
 RATIOS = (0.25, 1.0, 4.0, 16.0)
 WORLD = 2
 TARGET = 0.9  # measured / ideal speed-up, at ratios >= 1
 
-# Full-width models (their message sizes are the real ones); per-rank batches small enough for a
-# CPU step of about half a second on a quiet core.
+# Full-width models (their message sizes are the real ones); per-rank batches small enough to keep
+# a CPU step near a second (0.5-3 s measured on the busy 2-core machine) and the benchmark short.
 MODELS: dict[str, dict[str, Any]] = {
     "resnet18": {"model": "resnet18", "model_kwargs": {"num_classes": 10}, "input": "image",
                  "shape": [3, 32, 32], "batch": 4},

@@ -288,7 +288,7 @@ class Rank:
         times: dict[str, list[float]] = {"all_reduce": [], "all_gather": []}
         for _ in range(LATENCY_REPEATS):
             for op, call in (("all_reduce", lambda: dist.all_reduce(one)),
-                             ("all_gather", lambda: dist.all_gather_into_tensor(out, one))):
+                             ("all_gather", lambda: dist.all_gather_single(out, one))):
                 dist.barrier()
                 start = time.perf_counter()
                 call()
