@@ -7,7 +7,7 @@ PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test test-fast lint clean report
+.PHONY: install demo test test-fast lint clean report bench-compressors bench-e2e bench-tta
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -37,3 +37,10 @@ bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> r
 
 report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
 	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SCALE),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
+
+bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) -> results/bench/e2e.*, projection.*
+	$(PY) -m benchmarks.e2e
+	$(PY) -m benchmarks.projection
+
+bench-tta: $(VENV_STAMP) ## time to accuracy of run.py jobs over the link at ratio 4 (JOBS=file.yaml) -> results/bench/tta.*
+	$(PY) -m benchmarks.tta $(if $(JOBS),--jobs $(JOBS))
