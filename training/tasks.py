@@ -27,7 +27,26 @@ from core.errors import ConfigError
 from data import DataBundle
 
 
-class Classification:
+class Task:
+    """What every task shares: an evaluation over the whole test set, summed over ranks."""
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """The test metrics of ``model`` over every rank's shard (one all-reduce)."""
+        totals = self.test_totals(model)
+        dist.all_reduce(totals)
+        return self.test_metrics(totals)
+
+    def test_totals(self, model: nn.Module) -> torch.Tensor:
+        """This rank's shard's sums (float64), which add up over ranks."""
+        raise NotImplementedError
+
+    @staticmethod
+    def test_metrics(totals: torch.Tensor) -> dict[str, float]:
+        """The metrics from the totals of every shard."""
+        raise NotImplementedError
+
+
+class Classification(Task):
     """Image (or any tensor) classification."""
 
     metric = "test/accuracy"
@@ -84,12 +103,6 @@ class Classification:
         x, y = (t.to(self.device, non_blocking=True) for t in batch)
         return F.cross_entropy(model(x), y), len(y)
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Test loss and accuracy (%) over the whole test set, summed over ranks."""
-        totals = self.test_totals(model)
-        dist.all_reduce(totals)
-        return self.test_metrics(totals)
-
     @torch.no_grad()
     def test_totals(self, model: nn.Module) -> torch.Tensor:
         """This rank's shard of the test set: summed loss, correct predictions, examples."""
@@ -111,7 +124,7 @@ class Classification:
         return {"test/loss": loss / n, "test/accuracy": 100.0 * correct / n}
 
 
-class LanguageModel:
+class LanguageModel(Task):
     """Word- or character-level language modelling with truncated BPTT."""
 
     metric = "test/perplexity"
@@ -166,12 +179,6 @@ class LanguageModel:
         logits, hidden = model(x, self.hidden)
         self.hidden = _detach(hidden)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)), y.numel()
-
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Test loss per token and perplexity over the whole test stream, summed over ranks."""
-        totals = self.test_totals(model)
-        dist.all_reduce(totals)
-        return self.test_metrics(totals)
 
     @torch.no_grad()
     def test_totals(self, model: nn.Module) -> torch.Tensor:
