@@ -7,7 +7,8 @@ export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
 # Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|submitit_local,
-# SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets.
+# SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
+# ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go).
 SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp
 SCALE ?= paper
 LAUNCHER ?= local
@@ -15,6 +16,7 @@ SEEDS ?=
 WORKERS ?= $(if $(filter tiny,$(SCALE)),2,4)
 DATA_ROOT ?=
 RUNS ?= results/runs
+ONLY ?=
 WORKERS_KEY = $(if $(filter local,$(LAUNCHER)),nproc_per_node,tasks_per_node)
 RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SCALE) \
 	launcher=$(LAUNCHER) hydra.launcher.$(WORKERS_KEY)=$(WORKERS) runs_root=$(RUNS) \
@@ -34,16 +36,16 @@ $(VENV_STAMP): pyproject.toml
 	touch $(VENV_STAMP)
 
 demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each
-	$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 SWEEP_ONLY=model=resnet18 \
+	$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
 		VENV_STAMP=$(VENV_STAMP)
 
 $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
-	@$(RUN_SWEEP) sweep=$* $(SWEEP_ONLY); status=$$?; $(call REPORT,$*); exit $$status
+	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
 
 plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
-	@$(RUN_SWEEP) sweep=$(SWEEP) hydra.sweeper.dry_run=true
+	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true
 
 dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs (needs WANDB_API_KEY, online)
 	$(PY) -m analysis.dashboard $(SWEEP) $(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))

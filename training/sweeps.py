@@ -126,7 +126,8 @@ class Plan:
         flops = sum(j.flops for j in self.todo())
         lines = [f"sweep {self.name} ({self.scale or 'no'} scale): {len(self.jobs)} runs: "
                  f"{self.count(a.SKIP)} complete, {self.count(a.RESUME)} to resume, "
-                 f"{self.count(a.RERUN)} failed to rerun, {self.count(a.START)} to start",
+                 f"{self.count(a.RERUN)} failed to rerun, {self.count(a.START)} to start"
+                 + (f", {self.count(None)} refused" if self.count(None) else ""),
                  f"  compute of the {len(self.todo())} to run: {flops / 1e15:.3g} PFLOP, "
                  f"about {self._device_time(flops)}"]
         return "\n".join(lines)
