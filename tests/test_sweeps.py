@@ -82,9 +82,15 @@ def run_dir(cfg) -> Path:
 def composed() -> dict[tuple[str, str], list]:
     """Every run of every sweep at both scales, composed as the sweeper composes it (seed 0)."""
     out = {}
-    for name in EXPECTED:
-        for scale in SCALES:
-            out[name, scale] = [compose_job(j) for j in jobs(name, scale, "seed=0")]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        for name in EXPECTED:
+            for scale in SCALES:
+                cfg = compose("config", overrides=[f"sweep={name}", f"scale={scale}"],
+                              return_hydra_config=True)
+                todo = sweeps.expand(cfg.hydra.sweeper.groups, cfg.hydra.sweeper.params,
+                                     [f"sweep={name}", f"scale={scale}", "seed=0"], scale)
+                out[name, scale] = [compose("config", overrides=j, return_hydra_config=True)
+                                    for j in todo]
     return out
 
 
