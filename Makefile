@@ -2,12 +2,31 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
-RUNS ?= results/runs
 PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test test-fast lint clean report bench-compressors bench-e2e bench-tta
+# Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|submitit_local,
+# SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
+# ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go).
+SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp
+SCALE ?= paper
+LAUNCHER ?= local
+SEEDS ?=
+WORKERS ?= $(if $(filter tiny,$(SCALE)),2,4)
+DATA_ROOT ?=
+RUNS ?= results/runs
+ONLY ?=
+WORKERS_KEY = $(if $(filter local,$(LAUNCHER)),nproc_per_node,tasks_per_node)
+RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SCALE) \
+	launcher=$(LAUNCHER) hydra.launcher.$(WORKERS_KEY)=$(WORKERS) runs_root=$(RUNS) \
+	$(if $(SEEDS),seed=$(SEEDS))
+# The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
+REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
+
+.PHONY: install demo test test-fast lint clean report bench-compressors bench-e2e bench-tta plan \
+	dashboard reproduce-all \
+	$(addprefix reproduce-,$(SWEEPS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -16,8 +35,20 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## 2-process DDP ResNet-18 on the embedded digits data, CPU (a few minutes)
-	$(PY) -m torch.distributed.run --standalone --nproc-per-node 2 run.py experiment=demo
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each
+	$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
+		VENV_STAMP=$(VENV_STAMP)
+
+$(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
+	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
+
+reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
+
+plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
+	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true
+
+dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs (needs WANDB_API_KEY, online)
+	$(PY) -m analysis.dashboard $(SWEEP) $(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
 
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 	$(PY) -m ruff check .
@@ -29,14 +60,14 @@ test-fast: $(VENV_STAMP) ## tests without the slow ones
 lint: $(VENV_STAMP) ## ruff
 	$(PY) -m ruff check .
 
-clean: ## remove run outputs (keeps .venv)
+clean: ## remove ad-hoc run outputs (keeps .venv and the sweeps' results/runs)
 	rm -rf outputs multirun wandb .pytest_cache
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
 	$(PY) -m benchmarks.compressors
 
 report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
-	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SCALE),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
+	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
 
 bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) -> results/bench/e2e.*, projection.*
 	$(PY) -m benchmarks.e2e

@@ -3,11 +3,13 @@
     python run.py model=resnet18 dataset=digits trainer.epochs=2            # one process
     torchrun --standalone --nproc-per-node 2 run.py dataset=digits           # DDP on 2 ranks
     srun python run.py ...                                                   # Slurm tasks
-    python run.py -m hydra/launcher=submitit_slurm compressor=none,powersgd  # sweep on Slurm
+    python run.py -m sweep=table1 scale=tiny                                 # a paper table
+    python run.py -m sweep=table1 launcher=slurm                             # ... on Slurm
 
-Read top to bottom: check the config, start the process group, build data, model, DDP with
-the compression hook, then train epoch by epoch. Rank 0 leaves the run record in the Hydra
-output directory (see core/record.py) and logs to W&B.
+Read top to bottom: check the config, start the process group, decide what the run directory
+calls for (start, resume, skip: training/runs.py), build model and DDP with the compression
+hook, then train epoch by epoch. Rank 0 leaves the run record in the Hydra output directory
+(see core/record.py) and logs to W&B.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import hashlib
 import logging
 import math
 import os
-import random
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import numpy as np
 import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
@@ -41,7 +40,7 @@ from compression.hook import comm_hook
 from core import distributed, record
 from core.errors import ConfigError
 from core.lr import lr_at
-from training import checkpoint, config, optim
+from training import checkpoint, config, optim, runs, signals
 from training.tasks import make_task
 from training.wandb_logger import NullLogger, WandbLogger
 
@@ -53,9 +52,7 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: validate, then train (exit status 2 on bad input)."""
     env = distributed.detect()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # Slurm preemption and `kill` send SIGTERM: end through SystemExit, so that the summary
-    # records how the run ended; the last epoch's checkpoint is there to resume from.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signals.install()  # SIGTERM and preemption: how the run ends, to be resumed (training/signals)
     try:
         config.validate(cfg, env.world_size, run_dir)
         bundle = data.build(cfg.dataset)
@@ -67,21 +64,40 @@ def main(cfg: DictConfig) -> None:
 
 def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle
           ) -> dict[str, Any]:
-    """Run the whole training job on this rank; returns the summary (on every rank)."""
+    """Run the whole training job on this rank; returns the summary (on every rank; empty if the
+    run was already complete)."""
     device = distributed.device_for(env, cfg.trainer.device)
     distributed.init(env, device, float(cfg.trainer.dist_timeout_s))
     try:
-        return _train(cfg, env, _shared_run_dir(run_dir), bundle, device)
+        run_dir = _shared_run_dir(run_dir)
+        action = _from_rank0(_decide(cfg, run_dir) if env.is_main else None)
+        if isinstance(action, ConfigError):  # the directory holds another config's run
+            raise action
+        if action is runs.Action.SKIP:
+            LOG.info("%s: already complete (resume=auto), nothing to do", run_dir)
+            return {}
+        if env.is_main:
+            runs.prepare(cfg, run_dir, action)
+        dist.barrier()
+        return _train(cfg, env, run_dir, bundle, device, resume=action is runs.Action.RESUME)
     finally:
         distributed.shutdown()
 
 
+def _decide(cfg: DictConfig, run_dir: Path) -> runs.Action | ConfigError:
+    """Rank 0's decision for the run directory, or the error that refuses it."""
+    try:
+        return runs.decide(cfg, run_dir)
+    except ConfigError as exc:
+        return exc
+
+
 def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle,
-           device: torch.device) -> dict[str, Any]:
+           device: torch.device, resume: bool) -> dict[str, Any]:
     t = cfg.trainer
-    _seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
+    checkpoint.seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
     model = models.build(**cfg.model).to(device)
-    _seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
+    checkpoint.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
     task = make_task(bundle, env, cfg, device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=float(t.bucket_cap_mb))
@@ -92,7 +108,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     optimizer = optim.build(o, model.parameters())
 
     start_epoch, elapsed_s = 0, 0.0
-    if cfg.resume:
+    if resume:
         start_epoch, elapsed_s = checkpoint.load(run_dir / record.CHECKPOINT, model, optimizer,
                                                  hook_state, scheduler)
     log = record.MetricsLog(run_dir, keep_epochs=start_epoch) if env.is_main else None
@@ -125,7 +141,9 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             row["samples_per_s"] = samples * env.world_size / epoch_s
             norms = _from_rank0(hook_state.grad_norms())  # every rank decides on rank 0's statistic
             row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
-            if log is not None:
+            if log is not None:  # rank 0 writes the record (and knows the earlier epochs)
+                sent_before = sum(r["comm/bits"] for r in log.rows)
+                row["comm/cumulative_bits"] = sent_before + row["comm/bits"]
                 log.write(row)
                 _report(row, task.metric)
             logger.log(row, step=epoch)
@@ -223,18 +241,6 @@ def _params_in_sync(model: torch.nn.Module) -> bool:
     return len(set(digests)) == 1
 
 
-def _seed_everything(seed: int, rank: int, deterministic: bool) -> None:
-    """Seed Python, NumPy and torch; ``rank`` offsets the data-side seeds (model init uses 0)."""
-    s = int(seed) * 1000 + rank
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-    if deterministic:
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
-
-
 def _show_bar(t: Any, env: distributed.DistEnv) -> bool:
     if not env.is_main:
         return False
@@ -250,7 +256,9 @@ def _sync_buffers(model: torch.nn.Module) -> None:
 def _make_logger(cfg: DictConfig, run_dir: Path) -> WandbLogger | NullLogger:
     if cfg.logger.name == "none":
         return NullLogger()
-    return WandbLogger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir)
+    # Flattened ("model.name": ...), so that W&B can group and filter runs by any key.
+    return WandbLogger(cfg.logger, record.flatten(OmegaConf.to_container(cfg, resolve=True)),
+                       run_dir)
 
 
 def _quiet_other_ranks() -> None:

@@ -1,4 +1,4 @@
-"""One code path for a single process, `torchrun` (env://) and Slurm (`srun`, submitit).
+"""One code path for a single process, `torchrun` (env://), Slurm (`srun`) and submitit.
 
 :func:`detect` reads rank, world size and local rank from the environment *without* touching
 ``torch.distributed``, so `run.py` can validate the config against the world size before any
@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import socket
 import warnings
+import zlib
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,7 +28,7 @@ class DistEnv:
     rank: int
     world_size: int
     local_rank: int
-    launcher: str  # "single", "torchrun" or "slurm"
+    launcher: str  # "single", "torchrun", "submitit" or "slurm"
 
     @property
     def is_main(self) -> bool:
@@ -35,11 +37,20 @@ class DistEnv:
 
 
 def detect() -> DistEnv:
-    """Read the job layout from torchrun's or Slurm's variables (torchrun's win if both exist)."""
+    """Read the job layout from torchrun's, submitit's or Slurm's variables, in that order.
+
+    Under hydra-submitit-launcher every task runs the job function itself; submitit's
+    ``JobEnvironment`` gives its rank and the job's tasks, from Slurm's variables on a cluster
+    and from its own (``SUBMITIT_LOCAL_*``) under the local executor.
+    """
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
         return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]),
                        int(env.get("LOCAL_RANK", 0)), "torchrun")
+    if "SUBMITIT_EXECUTOR" in env:
+        job = _submitit_job()
+        if job.num_tasks > 1:
+            return DistEnv(job.global_rank, job.num_tasks, job.local_rank, "submitit")
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
                        int(env.get("SLURM_LOCALID", 0)), "slurm")
@@ -72,6 +83,11 @@ def init(env: DistEnv, device: torch.device, timeout_s: float) -> None:
     if env.launcher == "slurm":
         os.environ.setdefault("MASTER_ADDR", _slurm_master_addr())
         os.environ.setdefault("MASTER_PORT", str(_slurm_port()))
+    if env.launcher == "submitit":
+        job = _submitit_job()
+        local = os.environ["SUBMITIT_EXECUTOR"] == "local"
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1" if local else job.hostnames[0])
+        os.environ.setdefault("MASTER_PORT", str(_port_for(str(job.job_id))))
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, init_method="env://", rank=env.rank,
                             world_size=env.world_size, timeout=timeout, **kwargs)
@@ -104,3 +120,16 @@ def _first_host(nodelist: str) -> str:
 def _slurm_port() -> int:
     """A port derived from the job id, so every task of the job picks the same one."""
     return 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000
+
+
+def _submitit_job() -> Any:
+    """submitit's view of this task (rank, tasks, hosts, job id)."""
+    import submitit
+
+    return submitit.JobEnvironment()
+
+
+def _port_for(job_id: str) -> int:
+    """A port in [20000, 40000) derived from the job id (e.g. "4242" or "4242_3"): the same for
+    every task of the job."""
+    return 20000 + zlib.crc32(job_id.encode()) % 20000

@@ -88,6 +88,16 @@ def summarize(rows: list[dict[str, Any]], status: str, metric: str, total_time_s
     }
 
 
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as one level of dotted keys: ``{"model.name": "resnet18", ...}``."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """Write ``summary.json`` atomically."""
     text = json.dumps(summary, indent=2) + "\n"

@@ -5,7 +5,8 @@ et al., MLSys 2021): a 3x3 stem with 192 channels (conv, BN, ReLU) replaces the 
 inception modules 3a, 3b, max-pool, 4a-4e, max-pool, 5a, 5b; global average pooling and one linear
 layer (1024 -> classes); no auxiliary classifiers, no dropout. Every convolution is followed by
 BatchNorm and ReLU, and the "5x5" branch is two stacked 3x3 convolutions. 6,166,250 parameters for
-10 classes.
+10 classes at ``width=64``; ``width`` scales every channel count by ``width / 64`` (tiny-scale runs
+use a narrow network).
 """
 
 from __future__ import annotations
@@ -57,15 +58,15 @@ class Inception(nn.Module):
 class GoogLeNet(nn.Module):
     """Inception v1 without auxiliary heads, for small images."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 64) -> None:
         super().__init__()
-        self.stem = nn.Sequential(*_conv_bn_relu(in_channels, 192, 3))
+        planes = max(1, 192 * width // 64)
+        self.stem = nn.Sequential(*_conv_bn_relu(in_channels, planes, 3))
         layers: list[nn.Module] = []
-        planes = 192
         for name, widths in _INCEPTION.items():
             if name in ("4a", "5a"):
                 layers.append(nn.MaxPool2d(3, stride=2, padding=1))
-            block = Inception(planes, *widths)
+            block = Inception(planes, *(max(1, w * width // 64) for w in widths))
             layers.append(block)
             planes = block.out_planes
         self.inceptions = nn.Sequential(*layers)
@@ -78,6 +79,6 @@ class GoogLeNet(nn.Module):
 
 
 @register("googlenet")
-def googlenet(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
+def googlenet(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> nn.Module:
     """GoogLeNet, CIFAR variant (3x3 192-channel stem, inception 3a-5b, no auxiliary heads)."""
-    return GoogLeNet(num_classes=num_classes, in_channels=in_channels)
+    return GoogLeNet(num_classes=num_classes, in_channels=in_channels, width=width)

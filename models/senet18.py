@@ -6,7 +6,8 @@ al., MLSys 2021): a 3x3 stride-1 stem (conv, BN, ReLU), four stages of two pre-a
 BN-ReLU-conv3x3-BN-ReLU-conv3x3; a squeeze-and-excitation gate (global average pool, 1x1 conv down
 by ``reduction``, ReLU, 1x1 conv up, sigmoid) rescales the residual branch's channels before the
 shortcut is added. The shortcut is the identity, or a bias-free 1x1 convolution of the
-pre-activated input when the shape changes. 11,260,354 parameters for 10 classes.
+pre-activated input when the shape changes. 11,260,354 parameters for 10 classes at ``width=64``
+(``width`` scales every stage; tiny-scale runs use a narrow network).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ class SqueezeExcite(nn.Module):
 
     def __init__(self, channels: int, reduction: int) -> None:
         super().__init__()
-        self.down = nn.Conv2d(channels, channels // reduction, 1)
-        self.up = nn.Conv2d(channels // reduction, channels, 1)
+        hidden = max(1, channels // reduction)  # >= 1 channel in narrow (tiny-scale) networks
+        self.down = nn.Conv2d(channels, hidden, 1)
+        self.up = nn.Conv2d(hidden, channels, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = F.adaptive_avg_pool2d(x, 1)
@@ -60,7 +62,8 @@ class PreActSEBlock(nn.Module):
 
 
 @register("senet18")
-def senet18(num_classes: int = 10, reduction: int = 16, in_channels: int = 3) -> nn.Module:
+def senet18(num_classes: int = 10, reduction: int = 16, in_channels: int = 3, width: int = 64
+            ) -> nn.Module:
     """Pre-activation SE-ResNet-18, CIFAR variant (SE reduction ``reduction``)."""
     block = partial(PreActSEBlock, reduction=reduction)
-    return ResNet18(num_classes=num_classes, in_channels=in_channels, block=block)
+    return ResNet18(num_classes=num_classes, width=width, in_channels=in_channels, block=block)

@@ -11,6 +11,8 @@ MLSys 2021), which used two heads:
   (39,327,652 parameters for 100 classes).
 
 Convolutions keep their bias and get He-normal initialisation (fan-out), as in the authors' code.
+``width`` scales every convolution and the head by ``width / 64`` (64 = the paper's network;
+tiny-scale runs use a narrow one).
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ _CFG_E: tuple[int | str, ...] = (
 _HIDDEN = {"cifar10": 512, "cifar100": 4096}
 
 
-def _features(in_channels: int) -> nn.Sequential:
+def _scaled(channels: int, width: int) -> int:
+    """``channels`` of the paper's network (width 64) at ``width``, at least 1."""
+    return max(1, channels * width // 64)
+
+
+def _features(in_channels: int, width: int) -> nn.Sequential:
     """The convolutional trunk of configuration "E" with BatchNorm after every convolution."""
     layers: list[nn.Module] = []
     channels = in_channels
@@ -39,9 +46,10 @@ def _features(in_channels: int) -> nn.Sequential:
             layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
         else:
             assert isinstance(v, int)
-            layers += [nn.Conv2d(channels, v, 3, padding=1), nn.BatchNorm2d(v),
+            out = _scaled(v, width)
+            layers += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out),
                        nn.ReLU(inplace=True)]
-            channels = v
+            channels = out
     return nn.Sequential(*layers)
 
 
@@ -49,11 +57,12 @@ class VGG19BN(nn.Module):
     """VGG-19-BN trunk plus a three-layer fully connected head of width ``hidden``."""
 
     def __init__(self, num_classes: int = 10, hidden: int = 512, in_channels: int = 3,
-                 final_dropout: bool = False) -> None:
+                 final_dropout: bool = False, width: int = 64) -> None:
         super().__init__()
-        self.features = _features(in_channels)
+        self.features = _features(in_channels, width)
+        hidden = _scaled(hidden, width)
         head: list[nn.Module] = [
-            nn.Dropout(), nn.Linear(512, hidden), nn.ReLU(inplace=True),
+            nn.Dropout(), nn.Linear(_scaled(512, width), hidden), nn.ReLU(inplace=True),
             nn.Dropout(), nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
         ]
         if final_dropout:
@@ -70,11 +79,12 @@ class VGG19BN(nn.Module):
 
 
 @register("vgg19bn")
-def vgg19bn(num_classes: int = 10, classifier: str = "cifar10", in_channels: int = 3) -> nn.Module:
+def vgg19bn(num_classes: int = 10, classifier: str = "cifar10", in_channels: int = 3,
+            width: int = 64) -> nn.Module:
     """VGG-19-BN for CIFAR; ``classifier`` picks the authors' "cifar10" or "cifar100" head."""
     if classifier not in _HIDDEN:
         raise ValueError(
             f"model.classifier: unknown VGG head {classifier!r}; choose one of {sorted(_HIDDEN)}"
         )
     return VGG19BN(num_classes=num_classes, hidden=_HIDDEN[classifier], in_channels=in_channels,
-                   final_dropout=classifier == "cifar100")
+                   final_dropout=classifier == "cifar100", width=width)

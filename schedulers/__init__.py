@@ -14,7 +14,7 @@ from core.errors import ConfigError
 from schedulers.base import Scheduler
 
 _REGISTRY: dict[str, type[Scheduler]] = {}
-_MODULES = ("static", "accordion", "accordion_batch", "accordion_joint")
+_MODULES = ("static", "accordion", "accordion_batch", "accordion_joint", "plan")
 
 
 def register(name: str) -> Callable[[type[Scheduler]], type[Scheduler]]:

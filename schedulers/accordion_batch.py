@@ -29,6 +29,15 @@ MODEL = "model"  # the detector's one "layer": the whole model
 LR_SCALINGS = ("linear", "sqrt", "none")
 
 
+def lr_factor(batch: int, base_batch: int, lr_scaling: str) -> float:
+    """The LR multiplier of global batch ``batch`` relative to ``base_batch``: ``linear``
+    batch / base_batch, ``sqrt`` its square root, ``none`` 1."""
+    factor = batch / base_batch
+    if lr_scaling == "linear":
+        return factor
+    return math.sqrt(factor) if lr_scaling == "sqrt" else 1.0
+
+
 def model_norm(grad_norms: dict[str, float]) -> float:
     """The whole model's ||Delta_e||: sqrt of the sum of the squared per-layer norms."""
     return math.sqrt(sum(g * g for g in grad_norms.values()))
@@ -69,10 +78,7 @@ class AccordionBatch(Scheduler):
 
     def lr_scale(self, epoch: int) -> float:
         """The LR multiplier of ``epoch``'s batch, relative to ``batch_low``."""
-        factor = self.batch_size(epoch, self.batch_low) / self.batch_low
-        if self.lr_scaling == "linear":
-            return factor
-        return math.sqrt(factor) if self.lr_scaling == "sqrt" else 1.0
+        return lr_factor(self.batch_size(epoch, self.batch_low), self.batch_low, self.lr_scaling)
 
     def end_epoch(self, epoch: int, grad_norms: dict[str, float], lr: float, next_lr: float
                   ) -> dict[str, Any]:

@@ -485,3 +485,46 @@ def test_synthetic_text_streams_start_from_the_stationary_distribution() -> None
     rng = np.random.default_rng(0)
     firsts = [int(synthetic_text.sample(matrix, pi, 1, rng)[0]) for _ in range(4000)]
     assert np.abs(np.bincount(firsts, minlength=5) / 4000 - pi).max() < 0.04
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic images (the tiny-scale stand-ins' generator)
+
+
+def _tensors(cfg: DictConfig) -> tuple[torch.Tensor, ...]:
+    bundle = data.build(cfg)
+    return (*bundle.train.tensors, *bundle.test.tensors)  # type: ignore[union-attr]
+
+
+def test_synthetic_defaults_are_one_template_per_class_plus_noise() -> None:
+    cfg = config("synthetic", train_size=40, test_size=20, noise=0.0)
+    x, y, tx, ty = _tensors(cfg)
+    assert x.shape == (40, 3, 32, 32) and tx.shape == (20, 3, 32, 32)
+    assert y.tolist() == [i % 10 for i in range(40)] and ty.tolist() == [i % 10 for i in range(20)]
+    for c in range(10):  # without noise every example of a class is its one template
+        first = x[y == c][0]
+        assert torch.equal(first, x[y == c][-1]) and torch.equal(first, tx[ty == c][0])
+
+
+def test_synthetic_modes_shift_smooth_and_label_noise() -> None:
+    base = {"train_size": 400, "test_size": 200, "noise": 0.0, "smooth": 4}
+    x, y, _, _ = _tensors(config("synthetic", **base, modes=3))
+    per_class = [{tuple(img.flatten()[:5].tolist()) for img in x[y == c]} for c in range(10)]
+    assert all(len(s) == 3 for s in per_class)  # each class: exactly its 3 templates
+    smooth = x[0, 0]
+    assert (smooth[:, 1:] - smooth[:, :-1]).abs().mean() < 0.5 * smooth.abs().mean()
+    shifted, ys, _, _ = _tensors(config("synthetic", **base, shift=3))
+    first = shifted[ys == 0]
+    rolled = {(dy, dx) for dy in range(-6, 7) for dx in range(-6, 7)  # two shifts of <= 3
+              if torch.allclose(first[0].roll((dy, dx), dims=(1, 2)), first[1])}
+    assert rolled and len({tuple(img.flatten()[:5].tolist()) for img in first}) > 1
+    _, noisy, _, clean = _tensors(config("synthetic", **base, label_noise=0.5))
+    flipped = (noisy != torch.arange(400) % 10).float().mean().item()
+    assert 0.3 < flipped < 0.6 and clean.tolist() == [i % 10 for i in range(200)]
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("modes", 0), ("shift", -1), ("smooth", 0), ("smooth", 33), ("label_noise", 1.5),
+])
+def test_synthetic_bad_values_name_the_field(key: str, value: Any) -> None:
+    config_error(config("synthetic", **{key: value}), f"dataset.{key}", build=False)

@@ -15,7 +15,8 @@ from core import distributed
 
 
 def test_detect_single(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+                "SUBMITIT_EXECUTOR"):
         monkeypatch.delenv(var, raising=False)
     assert distributed.detect() == distributed.DistEnv(0, 1, 0, "single")
 
@@ -30,13 +31,29 @@ def test_detect_torchrun_wins_over_slurm(monkeypatch):
 
 
 def test_detect_slurm(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE"):
+    for var in ("RANK", "WORLD_SIZE", "SUBMITIT_EXECUTOR"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SLURM_PROCID", "6")
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_LOCALID", "2")
     env = distributed.detect()
     assert env == distributed.DistEnv(6, 8, 2, "slurm") and not env.is_main
+
+
+def test_detect_submitit_local(monkeypatch):
+    # What submitit's local executor gives each task (the Slurm executor reads SLURM_* instead).
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    for var, value in (("JOB_ID", "4242"), ("NTASKS", "2"), ("JOB_NUM_NODES", "1"),
+                       ("NODEID", "0"), ("GLOBALID", "1"), ("LOCALID", "1")):
+        monkeypatch.setenv(f"SUBMITIT_LOCAL_{var}", value)
+    env = distributed.detect()
+    assert env == distributed.DistEnv(1, 2, 1, "submitit")
+    assert distributed._port_for("4242") == distributed._port_for("4242")
+    assert 20000 <= distributed._port_for("4242_3") < 40000
+    monkeypatch.setenv("SUBMITIT_LOCAL_NTASKS", "1")  # one task: no process group to join
+    assert distributed.detect().launcher == "single"
 
 
 @pytest.mark.parametrize(("nodelist", "host"), [

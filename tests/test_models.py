@@ -82,6 +82,21 @@ def test_parameter_count(key: tuple[str, int, tuple[tuple[str, Any], ...]], expe
     assert _n_params(models.build(name, num_classes=num_classes, **dict(kwargs))) == expected
 
 
+@pytest.mark.parametrize("name", ["resnet18", "senet18", "vgg19bn", "googlenet"])
+def test_width_narrows_every_layer(name: str) -> None:
+    # The tiny scale's width 8: every channel count x 8/64; at 64 the paper's network (above).
+    full, narrow = (models.build(name, num_classes=10, width=w) for w in (64, 8))
+    full_convs = [m for m in full.modules() if isinstance(m, nn.Conv2d)]
+    narrow_convs = [m for m in narrow.modules() if isinstance(m, nn.Conv2d)]
+    assert len(full_convs) == len(narrow_convs)
+    for big, small in zip(full_convs[1:], narrow_convs[1:], strict=True):
+        assert small.out_channels == max(1, big.out_channels * 8 // 64)
+    assert _n_params(narrow) < _n_params(full) / 20
+    out = narrow(torch.randn(BATCH, 3, 32, 32))
+    out.pow(2).mean().backward()
+    assert out.shape == (BATCH, 10)
+
+
 @pytest.mark.parametrize("name", models.available())
 def test_input_spec(name: str) -> None:
     spec = models.input_kind(name)

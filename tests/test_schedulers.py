@@ -252,6 +252,69 @@ def test_start_epoch_without_history_is_an_error(group):
         build(name="accordion").start_epoch(3, hook_for("powersgd"))
 
 
+# ---- plan: a fixed per-epoch plan, no detector -------------------------------------------------
+def test_plan_levels_by_phase(group):
+    hook_state = hook_for("powersgd", rank=3)
+    rows = drive(build(name="plan", epochs=[0, 2, 5], levels=[1, None, 4]), hook_state, range(7))
+    # null: the compressor's own level (rank 3) in that phase; the norms play no part
+    assert [r["_levels"]["0.weight"] for r in rows] == [1, 1, 3, 3, 3, 4, 4]
+    assert all(r["_levels"]["0.weight"] == r["_levels"]["2.weight"] for r in rows)
+    assert all((r["_batch"], r["_scale"]) == (64, 1.0) for r in rows)  # no batch plan
+    assert not any(k.startswith(("critical/", "ratio/")) for r in rows for k in r)
+
+
+@pytest.mark.parametrize(("scaling", "base", "scales"), [
+    ("linear", None, [1.0, 1.0, 8.0, 8.0]),
+    ("sqrt", None, [1.0, 1.0, math.sqrt(8.0), math.sqrt(8.0)]),
+    ("none", None, [1.0] * 4),
+    ("linear", 256, [2.0, 2.0, 16.0, 16.0]),
+])
+def test_plan_batch_sizes_and_lr(scaling, base, scales):
+    # the Accordion authors' batch runs: 512 for the first epochs, 4096 after (here from epoch 2)
+    sched = build(name="plan", epochs=[0, 2], batch_sizes=[512, 4096], base_batch=base,
+                  lr_scaling=scaling)
+    assert [sched.batch_size(e, 64) for e in range(4)] == [512, 512, 4096, 4096]
+    assert [sched.lr_scale(e) for e in range(4)] == pytest.approx(scales)
+
+
+def test_plan_one_phase_of_large_batch_scales_lr_from_the_base():
+    sched = build(name="plan", epochs=[0], batch_sizes=[4096], base_batch=512)
+    assert (sched.batch_size(7, 64), sched.lr_scale(7)) == (4096, 8.0)
+
+
+def test_plan_needs_no_state_to_resume():
+    sched = build(name="plan", epochs=[0, 3], batch_sizes=[16, 32])
+    assert sched.state_dict() == {} and sched.batch_size(5, 1) == 32  # a pure function of e
+
+
+@pytest.mark.parametrize(("cfg", "field"), [
+    ({"epochs": [1, 3]}, "scheduler.epochs"),
+    ({"epochs": [0, 3, 3]}, "scheduler.epochs"),
+    ({"epochs": [0, -1]}, "scheduler.epochs"),
+    ({"epochs": "0"}, "scheduler.epochs"),
+    ({"epochs": [0, 3], "levels": [1]}, "scheduler.levels"),
+    ({"epochs": [0, 3], "batch_sizes": [16]}, "scheduler.batch_sizes"),
+    ({"epochs": [0, 3], "batch_sizes": [16, 0]}, "scheduler.batch_sizes"),
+    ({"batch_sizes": [16], "base_batch": 0}, "scheduler.base_batch"),
+    ({"batch_sizes": [16], "lr_scaling": "cubic"}, "scheduler.lr_scaling"),
+])
+def test_plan_bad_values_name_the_field(cfg, field):
+    with pytest.raises(ConfigError, match=rf"^{field}: "):
+        build(name="plan", **cfg)
+
+
+@pytest.mark.parametrize(("scheduler", "compressor", "world", "field"), [
+    ({"levels": [0]}, {"name": "powersgd"}, 1, "scheduler.levels"),
+    ({"levels": [1.5]}, {"name": "topk"}, 1, "scheduler.levels"),
+    ({"levels": [2]}, {"name": "none"}, 1, "scheduler.levels"),
+    ({"batch_sizes": [510]}, {"name": "none"}, 4, "scheduler.batch_sizes"),
+])
+def test_plan_validate_names_the_field(scheduler, compressor, world, field):
+    sched = build(name="plan", **scheduler)
+    with pytest.raises(ConfigError, match=rf"^{field}: "):
+        sched.validate(compression.build_compressor(OmegaConf.create(compressor)), 64, world)
+
+
 # ---- resume ------------------------------------------------------------------------------------
 def roundtrip(state: dict) -> dict:
     buf = io.BytesIO()
@@ -320,7 +383,7 @@ def test_bad_values_rejected_by_validate(scheduler, compressor, world, field):
 
 @pytest.mark.parametrize("compressor", ["powersgd", "topk", "adacomp"])
 @pytest.mark.parametrize("scheduler", ["static", "accordion", "accordion_batch",
-                                       "accordion_joint"])
+                                       "accordion_joint", "plan"])
 def test_shipped_configs_validate(compose_cfg, compressor, scheduler):
     cfg = compose_cfg(f"compressor={compressor}", f"scheduler={scheduler}")
     schedulers.build(cfg.scheduler).validate(compression.build_compressor(cfg.compressor),

@@ -1,4 +1,4 @@
-"""What a checkpoint holds and how every rank saves and restores its part of it.
+"""What a checkpoint holds and how every rank saves and restores its part of it; seeding.
 
 Rank 0 writes ``checkpoint.pt`` (atomically, :func:`core.record.save_checkpoint`) with the model,
 the optimizer, the scheduler's history and, per rank, what differs across ranks: the RNG states
@@ -63,6 +63,22 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     hook_state.load_state_dict(_map_tensors(mine["compressor"], lambda t: t.to(device)))
     _set_rng_state(mine["rng"])
     return int(ckpt["epoch"]), float(ckpt["elapsed_s"])
+
+
+def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
+    """Seed Python, NumPy and torch; ``rank`` offsets the data-side seeds (model init uses 0).
+
+    (Here rather than in run.py: submitit pickles run.py's functions by value, and
+    ``torch.backends.cudnn`` is a module object that cannot be pickled so.)
+    """
+    s = int(seed) * 1000 + rank
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+    if deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def _rng_state() -> dict[str, Any]:

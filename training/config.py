@@ -34,7 +34,12 @@ def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
     if cfg.logger.name == "wandb" and cfg.logger.mode not in ("offline", "online", "disabled"):
         raise ConfigError(f"logger.mode: expected offline, online or disabled, got "
                           f"{cfg.logger.mode!r}")
-    if cfg.resume and not (run_dir / CHECKPOINT).is_file():
+    if not (isinstance(cfg.resume, bool) or cfg.resume == "auto"):
+        raise ConfigError(f"resume: expected true, false or auto, got {cfg.resume!r}")
+    if cfg.variant not in cfg.variants:
+        raise ConfigError(f"variant: {cfg.method or 'this run'} has no {cfg.variant!r} "
+                          f"implementation; choose one of {list(cfg.variants)}")
+    if cfg.resume is True and not (run_dir / CHECKPOINT).is_file():
         raise ConfigError(f"resume: no {CHECKPOINT} in {run_dir}; pass the run's directory as "
                           f"hydra.run.dir=<dir> to resume it")
 

@@ -1,0 +1,3 @@
+"""accordion-bench's Hydra plugins: the run-group sweeper (``hydra/sweeper: runs``) and the local
+multi-process launcher (``hydra/launcher: ddp``). Hydra imports every module of the
+``hydra_plugins`` namespace at start-up, so these modules import the suite lazily."""

@@ -1,0 +1,86 @@
+"""``hydra/launcher: ddp``: run a sweep's jobs one after another, each a multi-process DDP job.
+
+Hydra's basic launcher calls the task function inside the sweeping process, which cannot start
+``torch.distributed`` ranks. This launcher starts each job as its own process tree instead:
+
+    python -m torch.distributed.run --standalone --nproc-per-node <nproc_per_node> \
+        run.py <the job's overrides> hydra.run.dir=<the job's directory>
+
+so every job is exactly what a user gets from ``torchrun`` by hand (same code path, same run
+record), on a fresh port, isolated from the other jobs: a job that fails or exits with status 2
+does not stop the sweep, and its status comes back to the sweeper as a failed ``JobReturn``.
+"""
+
+# No `from __future__ import annotations`: Hydra loads plugin modules without registering them in
+# sys.modules, where dataclasses would look the string annotations up.
+import logging
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+LOG = logging.getLogger(__name__)
+# Hydra overrides of the sweep that make no sense for a single run.
+_SWEEP_ONLY = ("hydra.mode", "hydra.sweep", "hydra.sweeper", "hydra/sweeper", "hydra.run.dir")
+
+
+@dataclass
+class DDPLauncherConf:
+    _target_: str = "hydra_plugins.accordion_bench.launcher.DDPLauncher"
+    nproc_per_node: int = 1   # ranks per job (make WORKERS=...)
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="ddp", node=DDPLauncherConf,
+                             provider="accordion-bench")
+
+
+class DDPLauncher(Launcher):
+    """Each job: ``torchrun --standalone --nproc-per-node N <script> <overrides>``."""
+
+    def __init__(self, nproc_per_node: int = 1) -> None:
+        self.nproc_per_node = int(nproc_per_node)
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
+              config: DictConfig) -> None:
+        self.config, self.hydra_context = config, hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+               ) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None
+        hydra_overrides = [o for o in self.config.hydra.overrides.hydra
+                           if not o.startswith(_SWEEP_ONLY)]
+        returns = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.job.num = idx
+            job_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+            LOG.info("#%d: %s -> %s", idx, " ".join(filter_overrides(overrides)), job_dir)
+            code = self.run_job([*overrides, *hydra_overrides, f"hydra.run.dir={job_dir}"])
+            returns.append(_job_return(overrides, cfg, job_dir, code))
+        return returns
+
+    def run_job(self, overrides: list[str]) -> int:
+        """Run one job to its end; its exit status."""
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={self.nproc_per_node}", sys.argv[0], *overrides]
+        return subprocess.run(cmd, check=False).returncode
+
+
+def _job_return(overrides: Sequence[str], cfg: DictConfig, job_dir: Path, code: int) -> JobReturn:
+    ret = JobReturn(overrides=list(overrides), cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir),
+                    task_name=str(cfg.hydra.job.name))
+    ret.status = JobStatus.COMPLETED if code == 0 else JobStatus.FAILED
+    value: Any = code if code == 0 else RuntimeError(f"job {job_dir} exited with status {code}")
+    ret.return_value = value
+    return ret

@@ -1,0 +1,103 @@
+"""``hydra/sweeper: runs``: a sweep as the union of run groups, planned before it launches.
+
+Hydra's basic sweeper runs one cross product; a paper table is several (each model has its own
+methods). This sweeper expands ``groups`` x ``params`` (:func:`training.sweeps.expand`), composes
+every run, prints the plan (runs complete / to resume / to rerun / to start, and the compute),
+checks that the data is there and that no run's directory holds another config (one line and
+exit status 2 if not), and hands the runs that are not complete to the launcher: a relaunch
+starts nothing that has finished. Failed runs do not stop the others; the sweep exits with
+status 1 at the end if any failed.
+
+    python run.py -m sweep=table1 scale=tiny                  # every run of the table
+    python run.py -m sweep=table1 model=resnet18 seed=0       # part of it
+    python run.py -m sweep=table1 hydra.sweeper.dry_run=true  # the plan only
+"""
+
+# No `from __future__ import annotations`: Hydra loads plugin modules without registering them in
+# sys.modules, where dataclasses would look the string annotations up.
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass
+class RunsSweeperConf:
+    _target_: str = "hydra_plugins.accordion_bench.sweeper.RunsSweeper"
+    groups: list[Any] = field(default_factory=list)   # run groups: {key: value or list}
+    params: dict[str, Any] = field(default_factory=dict)  # crossed with every group
+    dry_run: bool = False                              # print the plan, launch nothing
+    max_batch_size: int | None = None                  # runs handed to the launcher at once
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="runs", node=RunsSweeperConf,
+                             provider="accordion-bench")
+
+
+class RunsSweeper(Sweeper):
+    """Union of run groups; plans, checks data, skips completed runs, then launches."""
+
+    def __init__(self, groups: list[Any], params: dict[str, Any], dry_run: bool = False,
+                 max_batch_size: int | None = None) -> None:
+        self.groups = [OmegaConf.to_container(g) if OmegaConf.is_config(g) else g
+                       for g in groups]
+        self.params = dict(params or {})
+        self.dry_run, self.max_batch_size = dry_run, max_batch_size
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.launcher: Launcher | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
+              config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: list[str]) -> Any:
+        from core.errors import ConfigError
+        from training import sweeps
+
+        assert self.config is not None and self.hydra_context is not None
+        assert self.launcher is not None
+        cfg = self.config
+        loader = self.hydra_context.config_loader
+        try:
+            jobs = sweeps.expand(self.groups, self.params, arguments, cfg.get("scale"))
+            plan = sweeps.make_plan(str(cfg.get("sweep")), cfg.get("scale"), _workers(cfg), jobs,
+                                    lambda overrides: loader.load_sweep_config(cfg, overrides))
+            print(plan.describe(), flush=True)
+            sweeps.check_directories(plan)
+            sweeps.check_data(plan)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        todo = [job.overrides for job in plan.todo()]
+        if self.dry_run or not todo:
+            return []
+        size = self.max_batch_size or len(todo)
+        returns: list[JobReturn] = []
+        for start in range(0, len(todo), size):
+            returns += self.launcher.launch(todo[start:start + size], initial_job_idx=start)
+        failed = [r for r in returns if r.status is not JobStatus.COMPLETED]
+        print(f"sweep {plan.name}: {len(returns) - len(failed)} of {len(returns)} runs "
+              f"finished" + (f", {len(failed)} failed:" if failed else ""), flush=True)
+        for r in failed:
+            print(f"  failed: {r.working_dir}", file=sys.stderr)
+        if failed:
+            sys.exit(1)
+        return returns
+
+
+def _workers(cfg: DictConfig) -> int:
+    """Ranks per run under the configured launcher (for the compute estimate)."""
+    launcher = cfg.hydra.launcher
+    return int(launcher.get("nproc_per_node") or launcher.get("tasks_per_node") or 1) * int(
+        launcher.get("nodes") or 1)

@@ -1,0 +1,45 @@
+"""The sweep's W&B workspace (analysis/dashboard.py), built and serialised up to the network call:
+its runs filter, its grouping, and panels that plot keys a real run logs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from analysis.dashboard import SECTIONS, build_workspace
+from tests.conftest import TINY, assert_ok, read_rows, run_cli
+
+
+def _model(workspace) -> dict:
+    """The workspace as W&B's API receives it (what ``save()`` would upload)."""
+    return workspace._to_model().model_dump(by_alias=True, exclude_none=True)
+
+
+def test_workspace_selects_the_sweeps_runs_grouped_by_method():
+    model = _model(build_workspace("table1", "someone", "accordion-bench", scale="tiny"))
+    assert (model["entity"], model["project"]) == ("someone", "accordion-bench")
+    runset = model["spec"]["section"]["runSets"][0]
+    filters = [(f["key"]["section"], f["key"]["name"], f["op"], f["value"])
+               for f in runset["filters"]["filters"]]
+    assert filters == [("run", "group", "=", "table1"), ("config", "scale", "=", "tiny")]
+    assert [g["name"] for g in runset["grouping"]] == ["method.value", "variant.value"]
+    sections = model["spec"]["section"]["panelBankConfig"]["sections"]
+    assert [s["name"] for s in sections] == list(SECTIONS)
+    assert all(p["config"]["xAxis"] == "_step" for s in sections for p in s["panels"])
+    unscaled = _model(build_workspace("table5", "someone", "p"))["spec"]["section"]["runSets"][0]
+    assert len(unscaled["filters"]["filters"]) == 1
+
+
+@pytest.mark.slow
+def test_panels_plot_keys_that_runs_log(tmp_path):
+    assert_ok(run_cli([*TINY, "compressor=powersgd", "scheduler=accordion", "scheduler.interval=1",
+                       "trainer.epochs=2", f"hydra.run.dir={tmp_path}"]))
+    keys = set(read_rows(tmp_path)[-1])
+    for panels in SECTIONS.values():
+        for panel in panels:
+            if panel.metric_regex:
+                assert any(re.match(panel.metric_regex, k) for k in keys), panel.title
+            else:
+                wanted = set(panel.y) - {"test/perplexity"}  # the LSTM's metric
+                assert wanted <= keys, panel.title

@@ -1,0 +1,112 @@
+"""Sweeps launched for real: local 2-rank DDP jobs through the ddp launcher (interrupted,
+relaunched: skip, resume, rerun), and the Slurm code path through submitit's local executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, read_rows
+
+pytestmark = pytest.mark.slow
+
+# Part of the tiny Table 1 with smaller data: ResNet-18's three methods, one seed.
+SMALL = ["sweep=table1", "scale=tiny", "model=resnet18", "seed=0", "logger=none",
+         "trainer.progress=false", "dataset.train_size=128", "dataset.test_size=64",
+         "trainer.epochs=4"]
+METHODS = ("rank2", "rank1", "accordion_rank2_rank1")
+
+
+def sweep(args: list[str], **kwargs) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    return subprocess.Popen([sys.executable, "run.py", "-m", *SMALL, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            **kwargs)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-5000:]
+    return out
+
+
+def run_dirs(root: Path) -> dict[str, Path]:
+    base = root / "table1" / "tiny" / "cifar10" / "resnet18"
+    return {m: base / m / "ours" / "seed0" for m in METHODS}
+
+
+def summary(path: Path) -> dict:
+    return json.loads((path / "summary.json").read_text())
+
+
+def test_relaunch_skips_resumes_and_reruns(tmp_path):
+    dirs = run_dirs(tmp_path)
+    args = [f"runs_root={tmp_path}", "hydra.launcher.nproc_per_node=2"]
+    # 1. Interrupt the sweep (the whole process group, as Ctrl-C or a killed session would) while
+    #    its second run is two epochs in.
+    first = sweep(args, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not (dirs["rank1"] / "metrics.jsonl").exists() or len(read_rows(dirs["rank1"])) < 2:
+        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()[-5000:]
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGTERM)
+    first.communicate(timeout=120)
+    assert summary(dirs["rank2"])["status"] == "completed"
+    interrupted = read_rows(dirs["rank1"])
+    assert 2 <= len(interrupted) < 4
+    assert summary(dirs["rank1"])["status"] == "failed: SystemExit: 143"
+    assert not dirs["accordion_rank2_rank1"].exists()
+    # 2. A run that crashed: its record says so.
+    (dirs["rank2"] / "summary.json").write_text(json.dumps({"status": "failed: RuntimeError: x"}))
+    old_rank2 = read_rows(dirs["rank2"])
+    # 3. Relaunch: rerun the failed run, resume the interrupted one, start the missing one.
+    out = finish(sweep(args))
+    assert "3 runs: 0 complete, 1 to resume, 1 failed to rerun, 1 to start" in out
+    assert all(summary(d)["status"] == "completed" and summary(d)["params_in_sync"]
+               for d in dirs.values())
+    resumed = read_rows(dirs["rank1"])
+    done = torch.load(dirs["rank1"] / "checkpoint.pt", weights_only=False)
+    assert [r["epoch"] for r in resumed] == [0, 1, 2, 3] and done["world_size"] == 2
+    # the epochs of the last checkpoint are kept as they were (not trained again); the row after
+    # it may have been written just before the kill
+    assert resumed[:len(interrupted) - 1] == interrupted[:len(interrupted) - 1]
+    assert read_rows(dirs["rank2"] / "failed" / "0") == old_rank2
+    assert [r["epoch"] for r in read_rows(dirs["rank2"])] == [0, 1, 2, 3]
+    # 4. Everything is complete: a relaunch starts no run.
+    stamps = {m: (d / "summary.json").stat().st_mtime_ns for m, d in dirs.items()}
+    out = finish(sweep(args))
+    assert "3 runs: 3 complete, 0 to resume, 0 failed to rerun, 0 to start" in out
+    assert stamps == {m: (d / "summary.json").stat().st_mtime_ns for m, d in dirs.items()}
+
+
+def test_a_run_directory_of_another_config_stops_the_sweep(tmp_path):
+    args = [f"runs_root={tmp_path}", "method=rank2", "trainer.epochs=1"]
+    finish(sweep(args))
+    proc = sweep([*args[:-1], "trainer.epochs=2"])
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out[-3000:]
+    error = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "holds a run of another config (trainer.epochs: 1 there, 2 now)" \
+        in error[0] and "Traceback" not in out
+
+
+def test_submitit_local_sweep_of_two_rank_jobs(tmp_path):
+    # The Slurm launcher's code path: each job is 2 tasks that find their rank through submitit.
+    out = finish(sweep([f"runs_root={tmp_path}", "launcher=submitit_local",
+                        "method=rank2,accordion_rank2_rank1", "trainer.epochs=2"]))
+    assert "2 runs: 0 complete, 0 to resume, 0 failed to rerun, 2 to start" in out
+    for method in ("rank2", "accordion_rank2_rank1"):
+        path = run_dirs(tmp_path)[method]
+        assert summary(path)["status"] == "completed" and summary(path)["params_in_sync"]
+        assert torch.load(path / "checkpoint.pt", weights_only=False)["world_size"] == 2
+        assert len(read_rows(path)) == 2
+    logs = list((tmp_path / "table1" / "tiny" / ".submitit").rglob("*_log.out"))
+    assert len(logs) == 4  # 2 jobs x 2 tasks

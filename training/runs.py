@@ -1,0 +1,176 @@
+"""A run directory's state, and what starting a run in it does: sweeps are idempotent.
+
+Sweeps give every run a directory derived from its config (conf/sweep_runs.yaml), so a relaunch
+finds each run's earlier record. Rank 0 inspects it before training and decides:
+
+===============  ==========================================  ===========  ============  ===========
+state            the directory holds                          resume=auto  resume=false  resume=true
+===============  ==========================================  ===========  ============  ===========
+new              no record                                    start        start         error
+completed        summary.json: completed or diverged          skip         start over    resume
+interrupted      a checkpoint and no summary, or a summary    resume       start over    resume
+                 ``failed: SystemExit`` / ``KeyboardInterrupt``
+                 (killed, preempted, timed out)
+failed           summary.json: failed with another error      rerun        start over    resume
+===============  ==========================================  ===========  ============  ===========
+
+"resume" continues from ``checkpoint.pt`` (epoch granularity; an interrupted run without one
+starts over); "rerun" moves the failed record (metrics, summary, checkpoint) to
+``failed/<k>/`` and starts over. Whatever the state, a directory whose ``config.yaml`` (the
+resolved config written at the run's first start) differs from the run's config is refused
+with one line: keys that do not change results (``RUNTIME_KEYS``) are not compared, nor
+``trainer.epochs`` when ``resume=true`` (extending a finished run is allowed).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from core import record
+from core.errors import ConfigError
+
+IDENTITY = "config.yaml"
+FAILED_DIR = "failed"
+# Settings that do not change a run's results: a relaunch may differ in them.
+RUNTIME_KEYS = ("resume", "runs_root", "logger", "trainer.progress", "trainer.num_workers",
+                "trainer.dist_timeout_s", "dataset.root", "dataset.download")
+INTERRUPTIONS = ("failed: SystemExit", "failed: KeyboardInterrupt")
+
+
+class State(StrEnum):
+    """What a run directory holds."""
+
+    NEW = "new"
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+
+
+class Action(StrEnum):
+    """What starting the run does."""
+
+    START = "start"      # train from epoch 0 (a record of the same config is overwritten)
+    RESUME = "resume"    # continue from checkpoint.pt
+    RERUN = "rerun"      # move the failed record to failed/<k>/, then start
+    SKIP = "skip"        # nothing to do: the run is complete
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """A run directory's state, read from its files (nothing is written)."""
+
+    state: State
+    status: str | None        # summary.json's status, if any
+    epochs: int               # rows in metrics.jsonl
+    has_checkpoint: bool
+
+
+def inspect(run_dir: Path) -> Inspection:
+    """Read ``run_dir``'s record; a directory without one is NEW."""
+    summary_path, checkpoint = run_dir / record.SUMMARY, run_dir / record.CHECKPOINT
+    has_checkpoint = checkpoint.is_file()
+    epochs = _count_rows(run_dir / record.METRICS)
+    status = None
+    if summary_path.is_file():
+        try:
+            status = str(json.loads(summary_path.read_text())["status"])
+        except (ValueError, KeyError, TypeError):
+            status = "failed: unreadable summary.json"
+    if status in ("completed", "diverged"):
+        state = State.COMPLETED
+    elif status is None:
+        started = has_checkpoint or epochs or (run_dir / IDENTITY).is_file()
+        state = State.INTERRUPTED if started else State.NEW
+    elif status.startswith(INTERRUPTIONS):
+        state = State.INTERRUPTED
+    else:
+        state = State.FAILED
+    return Inspection(state, status, epochs, has_checkpoint)
+
+
+def decide(cfg: Any, run_dir: Path) -> Action:
+    """What starting ``cfg`` in ``run_dir`` does (the table above); ConfigError if the directory
+    belongs to another config. (``resume=true`` without a checkpoint is refused earlier, by
+    :func:`training.config.validate`.)"""
+    check_identity(cfg, run_dir)
+    seen = inspect(run_dir)
+    if cfg.resume is True:
+        return Action.RESUME
+    if cfg.resume is False or seen.state is State.NEW:
+        return Action.START
+    if seen.state is State.COMPLETED:
+        return Action.SKIP
+    if seen.state is State.INTERRUPTED:
+        return Action.RESUME if seen.has_checkpoint else Action.START
+    return Action.RERUN
+
+
+def prepare(cfg: Any, run_dir: Path, action: Action) -> None:
+    """Rank 0, before training: set a failed record aside (RERUN), write ``config.yaml`` and the
+    resolved ``.hydra/config.yaml`` (the record's config, interpolations resolved)."""
+    if action is Action.RERUN:
+        attic = _next_free(run_dir / FAILED_DIR)
+        attic.mkdir(parents=True)
+        for name in (record.METRICS, record.SUMMARY, record.CHECKPOINT):
+            if (run_dir / name).exists():
+                shutil.move(run_dir / name, attic / name)
+    resolved = OmegaConf.to_yaml(_resolved(cfg))
+    record.atomic_write_bytes(run_dir / IDENTITY, lambda f: f.write(resolved.encode()))
+    if (run_dir / ".hydra").is_dir():
+        record.atomic_write_bytes(run_dir / ".hydra" / "config.yaml",
+                                  lambda f: f.write(resolved.encode()))
+
+
+def identity(cfg: Any, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The resolved config without the keys that do not change results, flattened (a sweep's
+    composed config also holds Hydra's own node, which is not the run's)."""
+    flat = record.flatten(_resolved(cfg) if OmegaConf.is_config(cfg) else cfg)
+    skip = RUNTIME_KEYS + ignore
+    return {k: v for k, v in flat.items() if not any(k == s or k.startswith(s + ".")
+                                                     for s in skip)}
+
+
+def check_identity(cfg: Any, run_dir: Path) -> None:
+    """ConfigError naming the first differing keys if ``run_dir`` holds another config's run."""
+    path = run_dir / IDENTITY
+    if not path.is_file():
+        return
+    ignore = ("trainer.epochs",) if cfg.resume is True else ()
+    stored = identity(OmegaConf.to_container(OmegaConf.load(path)), ignore)
+    wanted = identity(cfg, ignore)
+    differ = sorted(k for k in stored.keys() | wanted.keys() if stored.get(k) != wanted.get(k))
+    if differ:
+        shown = ", ".join(f"{k}: {stored.get(k)!r} there, {wanted.get(k)!r} now"
+                          for k in differ[:3])
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        raise ConfigError(f"hydra.run.dir: {run_dir} holds a run of another config ({shown}"
+                          f"{more}); choose another runs_root or directory, or remove it")
+
+
+def _resolved(cfg: Any) -> dict[str, Any]:
+    """The run's config as plain data, interpolations resolved, without Hydra's own node."""
+    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    out = OmegaConf.to_container(task, resolve=True)
+    assert isinstance(out, dict)
+    return out
+
+
+def _count_rows(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _next_free(base: Path) -> Path:
+    k = 0
+    while (base / str(k)).exists():
+        k += 1
+    return base / str(k)

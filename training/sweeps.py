@@ -1,0 +1,221 @@
+"""A sweep's runs: expanding its run groups, and the plan printed before anything starts.
+
+A sweep file (conf/sweep/<name>.yaml) lists run groups under ``hydra.sweeper.groups``; each maps
+override keys to a value or a list of values (or Hydra sweep syntax: ``0,1,2``, ``range(3)``).
+A group's runs are the cross product of its lists; the sweep is the union of its groups, each
+crossed with ``hydra.sweeper.params`` (like Hydra's basic sweeper). On the command line,
+
+- a key that some group sets keeps only the matching runs (``model=resnet18``,
+  ``method=rank2,rank1``): a filter, so a sweep can be run in part;
+- any other key applies to every run (``seed=0``, ``trainer.epochs=5``; it replaces the same key
+  of ``params``);
+- a group's ``scales: [paper]`` runs it at those scales only (``scale`` from the sweep's config).
+
+:func:`make_plan` composes every run's config (through the caller's ``compose``), finds its
+deterministic directory, what starting it would do (:mod:`training.runs`) and its compute
+(model FLOPs on the meta device), and :meth:`Plan.describe` prints that before a sweep launches.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.utils.flop_counter import FlopCounterMode
+
+import data
+import models
+from core.errors import ConfigError
+from training import runs
+
+GROUP_ONLY = ("scales",)  # group keys that select, not override
+# Examples (or tokens) in the official files, for the compute estimate of file datasets.
+NOMINAL_SIZES = {
+    "cifar10": (50_000, 10_000), "cifar100": (50_000, 10_000), "mnist": (60_000, 10_000),
+    "imagenet": (1_281_167, 50_000), "wikitext2": (2_088_628, 245_569),
+    "shakespeare": (1_003_854, 111_540),
+}
+GPU_FLOPS = 5e12    # assumed sustained FLOP/s of one GPU (fp32, V100 class), for the estimate
+CPU_FLOPS = 20e9    # assumed sustained FLOP/s of one CPU core on the tiny models (measured ~25)
+START_S = 15.0      # process start, data and model set-up per run (tiny scale)
+
+
+def _values(key: str, value: Any, parser: OverridesParser, prefix: str = "") -> list[str]:
+    """``key=v`` strings for a value: a YAML list, or Hydra's override syntax (``0,1,2``)."""
+    if isinstance(value, list | tuple) or OmegaConf.is_list(value):
+        return [f"{prefix}{key}={v}" for v in value]
+    override = parser.parse_override(f"{key}={value}")
+    if override.is_sweep_override():
+        return [f"{prefix}{key}={v}" for v in override.sweep_string_iterator()]
+    return [f"{prefix}{key}={override.get_value_element_as_str()}"]
+
+
+def expand(groups: Iterable[dict[str, Any]], params: dict[str, Any], arguments: Sequence[str],
+           scale: str | None = None) -> list[list[str]]:
+    """Every run's overrides: each group's product x params, filtered and extended by the
+    command line's ``arguments`` (see the module docstring)."""
+    parser = OverridesParser.create()
+    groups = [dict(g) for g in groups] or [{}]
+    group_keys = {k for g in groups for k in g if k not in GROUP_ONLY}
+    axes = {key: _values(key, value, parser) for key, value in (params or {}).items()}
+    filters: dict[str, set[str]] = {}
+    for arg in arguments:
+        key_part, value = arg.split("=", 1)
+        key = key_part.lstrip("+~")
+        values = _values(key, value, parser, prefix=key_part[: len(key_part) - len(key)])
+        if key in group_keys:
+            filters[key] = set(values)
+        else:
+            axes.pop(key, None)  # the command line replaces a param; new keys go last
+            axes[key] = values
+    jobs: list[list[str]] = []
+    for group in groups:
+        if "scales" in group and scale not in list(group["scales"]):
+            continue
+        own = {k: _values(k, v, parser) for k, v in group.items() if k not in GROUP_ONLY}
+        rest = [v for k, v in axes.items() if k not in own]
+        for combo in itertools.product(*own.values(), *rest):
+            if all(not allowed.isdisjoint(combo) for allowed in filters.values()):
+                jobs.append(list(combo))
+    if not jobs:
+        shown = " ".join(f"{k}={','.join(sorted(v.split('=', 1)[1] for v in vals))}"
+                         for k, vals in sorted(filters.items()))
+        raise ConfigError(f"sweep: no run matches {shown or 'the sweep'}; the sweep's groups "
+                          f"set {sorted(group_keys)}")
+    return jobs
+
+
+@dataclass
+class Job:
+    """One run of the plan."""
+
+    overrides: list[str]
+    cfg: DictConfig
+    run_dir: Path
+    action: runs.Action | None   # None: refused (the directory holds another config)
+    problem: str | None = None   # why it is refused
+    flops: float = 0.0
+
+
+@dataclass
+class Plan:
+    """A sweep's runs and what launching it would do."""
+
+    name: str
+    scale: str | None
+    workers: int
+    jobs: list[Job] = field(default_factory=list)
+
+    def todo(self) -> list[Job]:
+        """The runs a launch starts (all but the completed and the refused ones)."""
+        return [j for j in self.jobs if j.action not in (runs.Action.SKIP, None)]
+
+    def count(self, action: runs.Action | None) -> int:
+        """How many runs would do ``action``."""
+        return sum(1 for j in self.jobs if j.action is action)
+
+    def describe(self) -> str:
+        """The plan in a few lines: runs by state, compute, conflicts."""
+        a = runs.Action
+        flops = sum(j.flops for j in self.todo())
+        lines = [f"sweep {self.name} ({self.scale or 'no'} scale): {len(self.jobs)} runs: "
+                 f"{self.count(a.SKIP)} complete, {self.count(a.RESUME)} to resume, "
+                 f"{self.count(a.RERUN)} failed to rerun, {self.count(a.START)} to start"
+                 + (f", {self.count(None)} refused" if self.count(None) else ""),
+                 f"  compute of the {len(self.todo())} to run: {flops / 1e15:.3g} PFLOP, "
+                 f"about {self._device_time(flops)}"]
+        return "\n".join(lines)
+
+    def _device_time(self, flops: float) -> str:
+        if self.scale == "tiny":
+            minutes = flops / CPU_FLOPS / 60 + len(self.todo()) * START_S * self.workers / 60
+            return (f"{minutes:.0f} CPU core-minutes ({minutes / self.workers:.0f} min on "
+                    f"{self.workers} cores; {CPU_FLOPS / 1e9:.0f} GFLOP/s per core assumed)")
+        hours = flops / GPU_FLOPS / 3600
+        return (f"{hours:.0f} GPU-hours ({hours / self.workers:.0f} h on {self.workers} GPUs, "
+                f"one run after another; {GPU_FLOPS / 1e12:.0f} TFLOP/s per GPU assumed)")
+
+
+def make_plan(name: str, scale: str | None, workers: int, job_overrides: list[list[str]],
+              compose: Callable[[list[str]], DictConfig]) -> Plan:
+    """Compose every run and find what launching it would do."""
+    plan = Plan(name, scale, workers)
+    flops_cache: dict[str, float] = {}
+    for num, overrides in enumerate(job_overrides):
+        cfg = compose(overrides)
+        with open_dict(cfg):
+            cfg.hydra.job.num = num
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        job = Job(overrides, cfg, run_dir, None)
+        try:
+            job.action = runs.decide(cfg, run_dir)
+        except ConfigError as exc:
+            job.problem = str(exc)
+        job.flops = run_flops(cfg, flops_cache)
+        plan.jobs.append(job)
+    return plan
+
+
+def check_directories(plan: Plan) -> None:
+    """ConfigError if any run's directory holds another config: a sweep's runs share one config
+    apart from their axes, so nothing of it is launched (the first such run is named)."""
+    refused = [j for j in plan.jobs if j.action is None]
+    if refused:
+        others = f" (and {len(refused) - 1} more runs)" if len(refused) > 1 else ""
+        raise ConfigError(f"{refused[0].problem}{others}")
+
+
+def check_data(plan: Plan) -> None:
+    """ConfigError (one line: the file and the expected layout) for the first missing dataset."""
+    seen: set[str] = set()
+    for job in plan.todo():
+        key = OmegaConf.to_yaml(job.cfg.dataset)
+        if key not in seen:
+            seen.add(key)
+            data.check(job.cfg.dataset)
+
+
+def run_flops(cfg: DictConfig, cache: dict[str, float] | None = None) -> float:
+    """Estimated FLOPs of one run: 3x the forward pass per training example (or token), 1x per
+    test example, every epoch (model FLOPs counted on the meta device; no data is loaded)."""
+    cache = {} if cache is None else cache
+    key = OmegaConf.to_yaml(cfg.model) + OmegaConf.to_yaml(cfg.dataset)
+    if key not in cache:
+        cache[key] = _forward_flops(cfg)
+    train, test = _sizes(cfg.dataset)
+    return float(cfg.trainer.epochs) * cache[key] * (3 * train + test)
+
+
+def _forward_flops(cfg: DictConfig) -> float:
+    """FLOPs of one example's forward pass (one token's, for language models)."""
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(kwargs, dict)
+    with torch.device("meta"):
+        model = models.build(**kwargs)  # type: ignore[arg-type]
+        if cfg.dataset.task == "language_model":
+            steps = int(cfg.dataset.bptt)
+            x = torch.zeros(1, steps, dtype=torch.long)
+        else:
+            steps = 1
+            x = torch.empty(1, *cfg.dataset.input_shape)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    return counter.get_total_flops() / steps
+
+
+def _sizes(dataset: DictConfig) -> tuple[int, int]:
+    """(training examples or tokens, test examples or tokens) the run reads each epoch."""
+    if "train_size" in dataset:
+        train, test = int(dataset.train_size), int(dataset.test_size)
+    elif "train_tokens" in dataset:
+        train, test = int(dataset.train_tokens), int(dataset.test_tokens)
+    else:
+        train, test = NOMINAL_SIZES.get(dataset.name, (1437, 360))  # digits otherwise
+    subset = dataset.get("subset")
+    return (min(train, int(subset)) if subset else train), test
