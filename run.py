@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import random
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -41,7 +40,7 @@ from compression.hook import comm_hook
 from core import distributed, record
 from core.errors import ConfigError
 from core.lr import lr_at
-from training import checkpoint, config
+from training import checkpoint, config, faults, signals
 from training.tasks import make_task
 from training.wandb_logger import NullLogger, WandbLogger
 
@@ -53,16 +52,18 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: validate, then train (exit status 2 on bad input)."""
     env = distributed.detect()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # Slurm preemption and `kill` send SIGTERM: end through SystemExit, so that the summary
-    # records how the run ended; the last epoch's checkpoint is there to resume from.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signals.install()  # SIGTERM ends the run, recorded as such (training/signals.py)
     try:
         config.validate(cfg, env.world_size, run_dir)
         bundle = data.build(cfg.dataset)
+        config.check_batches(cfg, bundle, env.world_size)
         train(cfg, env, run_dir, bundle)
     except ConfigError as exc:  # before the group starts, or found by the data or a checkpoint
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except faults.RunFailed as exc:  # a lost peer, a full disk: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle
@@ -81,6 +82,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     t = cfg.trainer
     _seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
     model = models.build(**cfg.model).to(device)
+    faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
     _seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
     task = make_task(bundle, env, cfg, device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -100,7 +102,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
 
     amp = bool(t.amp) and device.type == "cuda"
-    status, started = "running", time.perf_counter() - elapsed_s
+    status, why, started = "running", None, time.perf_counter() - elapsed_s
     try:
         for epoch in range(start_epoch, t.epochs):
             row: dict[str, Any] = {"epoch": epoch}
@@ -124,29 +126,34 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             row.update(hook_state.epoch_stats())
             row["time/epoch_s"] = epoch_s
             row["samples_per_s"] = samples * env.world_size / epoch_s
-            norms = _from_rank0(hook_state.grad_norms())  # every rank decides on rank 0's statistic
+            norms, nonfinite = _end_of_epoch(hook_state, env)
             row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
+            why = _divergence(epoch, row["train/loss"], nonfinite)  # the same on every rank
             if log is not None:
                 log.write(row)
                 _report(row, task.metric)
             logger.log(row, step=epoch)
+            if why is not None:  # stop before a non-finite state reaches the checkpoint
+                status = "diverged"
+                LOG.error("diverged: %s; the last checkpoint holds epoch %d", why, epoch - 1)
+                break
             checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch + 1,
                             time.perf_counter() - started, model, optimizer, hook_state, scheduler)
-            if not math.isfinite(row["train/loss"]):
-                status = "diverged"
-                break
         else:
             status = "completed"
-    except BaseException as exc:
-        if log is not None:  # the record says how the run ended, whatever ended it
-            record.write_summary(run_dir, record.summarize(
-                log.rows, f"failed: {type(exc).__name__}: {exc}", task.metric,
-                time.perf_counter() - started))
-        logger.finish(exit_code=1)
-        raise
+    except BaseException as exc:  # the record says how the run ended, whatever ended it
+        with signals.shield():
+            end = faults.ending(exc, env.rank, env.world_size, float(t.dist_timeout_s))
+            note = _record_failure(run_dir, log, end, task.metric, started)
+            logger.finish(exit_code=1)
+        if end.line is None:  # a bug, or a signal: keep Python's own way out
+            raise
+        raise faults.RunFailed(f"{end.line}{note}; {faults.record_line(run_dir)}") from exc
 
     rows = log.rows if log is not None else []
     summary = record.summarize(rows, status, task.metric, time.perf_counter() - started)
+    if why is not None:
+        summary["reason"] = why
     summary["params_in_sync"] = _params_in_sync(model)
     if log is not None:
         log.close()
@@ -192,6 +199,41 @@ def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimiz
     bar.close()
     dist.all_reduce(loss_sum)
     return loss_sum.item() / (steps * env.world_size), samples
+
+
+def _end_of_epoch(hook_state: compression.HookState, env: distributed.DistEnv
+                  ) -> tuple[dict[str, float], list[tuple[int, int, list[str]]]]:
+    """Rank 0's ||Delta_e|| per layer (every rank decides on rank 0's statistic), and (rank,
+    step, layers) for every rank whose Delta_e stopped being finite: one collective."""
+    mine = (hook_state.grad_norms() if env.is_main else None, hook_state.nonfinite())
+    gathered: list[Any] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)
+    return gathered[0][0], [(r, *seen) for r, (_, seen) in enumerate(gathered) if seen]
+
+
+def _divergence(epoch: int, train_loss: float, nonfinite: list[tuple[int, int, list[str]]]
+                ) -> str | None:
+    """Why the run cannot go on after ``epoch`` (None if it can)."""
+    if nonfinite:
+        return faults.describe_nonfinite(epoch, nonfinite)
+    if not math.isfinite(train_loss):
+        return f"train/loss is {train_loss} in epoch {epoch}"
+    return None
+
+
+def _record_failure(run_dir: Path, log: record.MetricsLog | None, end: faults.Ending,
+                    metric: str, started: float) -> str:
+    """Write ``summary.json`` for a failed run if this rank records it (rank 0, or the lowest
+    survivor of a lost rank 0, from ``metrics.jsonl``); a note if it cannot be written."""
+    if not end.records:
+        return ""
+    try:
+        rows = log.rows if log is not None else record.read_metrics(run_dir / record.METRICS)
+        record.write_summary(run_dir, record.summarize(rows, end.status, metric,
+                                                       time.perf_counter() - started))
+    except (OSError, ConfigError) as exc:
+        return f" ({record.SUMMARY} not written: {exc})"
+    return ""
 
 
 def _report(row: dict[str, Any], metric: str) -> None:

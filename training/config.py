@@ -17,7 +17,7 @@ import models
 import schedulers
 from core import lr
 from core.errors import ConfigError, check_int
-from core.record import CHECKPOINT
+from training import checkpoint, tasks
 
 
 def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
@@ -34,9 +34,15 @@ def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
     if cfg.logger.name == "wandb" and cfg.logger.mode not in ("offline", "online", "disabled"):
         raise ConfigError(f"logger.mode: expected offline, online or disabled, got "
                           f"{cfg.logger.mode!r}")
-    if cfg.resume and not (run_dir / CHECKPOINT).is_file():
-        raise ConfigError(f"resume: no {CHECKPOINT} in {run_dir}; pass the run's directory as "
-                          f"hydra.run.dir=<dir> to resume it")
+    if cfg.resume:
+        checkpoint.check_resumable(run_dir, cfg, world_size)
+
+
+def check_batches(cfg: Any, bundle: Any, world_size: int) -> None:
+    """ConfigError if a batch the run may use does not fit the loaded data (before the process
+    group starts)."""
+    sizes = schedulers.build(cfg.scheduler).batch_sizes(cfg.trainer.batch_size)
+    tasks.check_batches(bundle, sizes, cfg.trainer.eval_batch_size, world_size)
 
 
 def _check_model_fits_data(model: str, dataset: Any) -> None:
