@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 import torch.distributed as dist
+import yaml
 from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -28,7 +28,7 @@ from compression.hook import comm_hook
 from core import record
 from core.errors import ConfigError
 from schedulers.accordion import History, replay
-from tests.conftest import ROOT, TINY, assert_ok, bits_of, require_kernel, run_cli
+from tests.conftest import ROOT, TINY, assert_ok, bits_of, read_rows, require_kernel, run_cli
 from training import checkpoint, faults
 
 # ---- the run record's files ------------------------------------------------------------------
@@ -179,6 +179,18 @@ def test_cli_resume_of_a_truncated_checkpoint_is_one_line_exit_2(run_copy):
     assert line.startswith(f"error: resume: {path} is not a readable checkpoint")
 
 
+@pytest.mark.slow
+def test_cli_resume_after_a_torn_line_and_no_summary_keeps_every_epoch(run_copy):
+    before = read_rows(run_copy)
+    with (run_copy / "metrics.jsonl").open("a") as f:
+        f.write('{"epoch": 2, "lr": 0.1, "train/lo')  # a write cut short
+    (run_copy / "summary.json").unlink()              # killed before its summary
+    assert_ok(run_cli([*TINY, "trainer.epochs=3", "resume=true", f"hydra.run.dir={run_copy}"]))
+    after = read_rows(run_copy)
+    assert [r["epoch"] for r in after] == [0, 1, 2] and after[:2] == before
+    assert json.loads((run_copy / "summary.json").read_text())["status"] == "completed"
+
+
 # ---- non-finite gradients ------------------------------------------------------------------
 def test_grad_sum_kernel_is_bitwise_add_and_sees_inf_and_nan():
     require_kernel(_grad_sum_kernel.LIBRARY)
@@ -298,5 +310,7 @@ def test_gloo_errors_read_as_their_gist():
                           "typically caused by a remote worker crashing. GLHF! to Tensor")
     assert faults.is_peer_failure(closed)
     assert faults.reason(closed) == "RuntimeError: Connection closed by peer [127.0.0.1]:41672"
+    later = RuntimeError("Unable to cast Application timeout caused pair closure to Tensor")
+    assert faults.reason(later) == "RuntimeError: Application timeout caused pair closure"
     assert not faults.is_peer_failure(RuntimeError("DataLoader timed out"))
     assert faults.reason(ValueError("a\nb")) == "ValueError: a"

@@ -36,7 +36,7 @@ WAIT_S = 5.0
 # A collective failed because of a peer: torch.distributed's own errors, and gloo's, which reach
 # Python as RuntimeErrors (from DDP's hook futures, "Unable to cast ... to Tensor").
 PEER_MARKERS = ("third_party/gloo/", "Connection reset by peer", "Connection closed by peer",
-                "NCCL")
+                "timeout caused pair closure", "NCCL")
 INJECT_ENV = "ACCORDION_BENCH_INJECT"  # <parameter>@<rank>:<backward>=<inf|nan>
 MAX_REASON = 300
 
@@ -61,7 +61,7 @@ def reason(exc: BaseException) -> str:
     error as its gist ("Read error [127.0.0.1]:33986: Connection reset by peer")."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else ""
-    if "third_party/gloo/" in text:  # "Unable to cast [<source:line>] <gist>. <advice> to Tensor"
+    if is_peer_failure(exc):  # DDP's "Unable to cast [<gloo source>] <gist>. <advice> to Tensor"
         text = re.sub(r"^Unable to cast |\[[^\]]*third_party/gloo/[^\]]*\]\s*| to Tensor$", "",
                       text).split(". ")[0]
     return f"{type(exc).__name__}: {text}"[:MAX_REASON]
