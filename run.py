@@ -56,7 +56,7 @@ def main(cfg: DictConfig) -> None:
     try:
         config.validate(cfg, env.world_size, run_dir)
         bundle = data.build(cfg.dataset)
-        config.check_batches(cfg, bundle, env.world_size)
+        config.prepare(cfg, bundle, env.world_size, run_dir)
         train(cfg, env, run_dir, bundle)
     except ConfigError as exc:  # before the group starts, or found by the data or a checkpoint
         print(f"error: {exc}", file=sys.stderr)

@@ -15,32 +15,41 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import (
+    ConfigError,
+    check_bool,
+    check_choice,
+    check_int,
+    check_int_list,
+    check_number,
+)
 
 
 def check(cfg: Any) -> None:
-    """Validate ``optimizer`` (lr, momentum, weight decay) and ``optimizer.schedule``."""
-    if not float(cfg.lr) > 0:
-        raise ConfigError(f"optimizer.lr: expected a number > 0, got {cfg.lr}")
-    if not 0 <= float(cfg.momentum) < 1:
-        raise ConfigError(f"optimizer.momentum: expected 0 <= momentum < 1, got {cfg.momentum}")
-    if float(cfg.weight_decay) < 0:
-        raise ConfigError(f"optimizer.weight_decay: expected >= 0, got {cfg.weight_decay}")
+    """Validate ``optimizer`` (SGD: lr, momentum, weight decay, Nesterov) and
+    ``optimizer.schedule``."""
+    check_choice(cfg.name, "optimizer.name", ("sgd",))
+    check_number(cfg.lr, "optimizer.lr", 0, low_open=True)
+    momentum = check_number(cfg.momentum, "optimizer.momentum", 0, 1, high_open=True)
+    check_number(cfg.weight_decay, "optimizer.weight_decay", 0)
+    if check_bool(cfg.nesterov, "optimizer.nesterov") and momentum == 0:
+        raise ConfigError("optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0")
     s = cfg.schedule
-    if int(s.warmup_epochs) < 0:
-        raise ConfigError(f"optimizer.schedule.warmup_epochs: expected >= 0, got {s.warmup_epochs}")
-    if int(s.warmup_epochs) > 0 and not float(s.warmup_start_lr) > 0:
-        raise ConfigError("optimizer.schedule.warmup_start_lr: expected a number > 0, got "
-                          f"{s.warmup_start_lr}")
-    milestones, factors = list(s.milestones), list(s.decay_factors)
+    check_int(s.warmup_epochs, "optimizer.schedule.warmup_epochs", 0)
+    check_number(s.warmup_start_lr, "optimizer.schedule.warmup_start_lr", 0, low_open=True)
+    milestones = check_int_list(s.milestones, "optimizer.schedule.milestones")
+    if milestones != sorted(set(milestones)):
+        raise ConfigError("optimizer.schedule.milestones: expected increasing epochs >= 1, got "
+                          f"{milestones}")
+    factors = s.decay_factors
+    if not isinstance(factors, list | tuple) and type(factors).__name__ != "ListConfig":
+        raise ConfigError(f"optimizer.schedule.decay_factors: expected a list of numbers > 0, "
+                          f"got {factors!r}")
     if len(milestones) != len(factors):
         raise ConfigError("optimizer.schedule.decay_factors: expected one factor per milestone, "
                           f"got {len(factors)} factors for {len(milestones)} milestones")
-    if milestones != sorted(milestones) or any(int(m) < 1 for m in milestones):
-        raise ConfigError("optimizer.schedule.milestones: expected increasing epochs >= 1, got "
-                          f"{milestones}")
-    if any(not float(f) > 0 for f in factors):
-        raise ConfigError(f"optimizer.schedule.decay_factors: expected factors > 0, got {factors}")
+    for factor in factors:
+        check_number(factor, "optimizer.schedule.decay_factors", 0, low_open=True)
 
 
 def lr_at(cfg: Any, epoch: int) -> float:

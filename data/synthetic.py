@@ -13,22 +13,19 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
-from core.errors import ConfigError
-from data import DataBundle, register
+from core.errors import check_int, check_int_list, check_number
+from data import DataBundle, check_classes, register
 
 
 def _check(cfg: Any) -> None:
-    for field in ("train_size", "test_size", "num_classes"):
-        if int(cfg[field]) < 1:
-            raise ConfigError(f"dataset.{field}: expected an integer >= 1, got {cfg[field]}")
-    shape = list(cfg.input_shape)
-    if len(shape) != 3 or min(shape) < 1:
-        raise ConfigError(f"dataset.input_shape: expected [channels, height, width], got {shape}")
-    if float(cfg.noise) < 0:
-        raise ConfigError(f"dataset.noise: expected a number >= 0, got {cfg.noise}")
+    for field in ("train_size", "test_size"):
+        check_int(cfg[field], f"dataset.{field}", 1)
+    check_classes(cfg.num_classes)
+    check_int_list(cfg.input_shape, "dataset.input_shape", 3)  # [channels, height, width]
+    check_number(cfg.noise, "dataset.noise", 0)
 
 
-@register("synthetic", check=_check)
+@register("synthetic", check=_check, fixed={"task": "classification"})
 def build(cfg: Any) -> DataBundle:
     """Train/test :class:`TensorDataset` of templates plus Gaussian noise."""
     gen = torch.Generator().manual_seed(int(cfg.seed))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import register
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
 
@@ -80,4 +80,5 @@ class GoogLeNet(nn.Module):
 @register("googlenet")
 def googlenet(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
     """GoogLeNet, CIFAR variant (3x3 192-channel stem, inception 3a-5b, no auxiliary heads)."""
+    check_io(num_classes, in_channels)
     return GoogLeNet(num_classes=num_classes, in_channels=in_channels)

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models import register
+from core.errors import ConfigError, check_int
+from models import check_io, register
 from models.resnet18 import ResNet18
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
@@ -62,5 +63,9 @@ class PreActSEBlock(nn.Module):
 @register("senet18")
 def senet18(num_classes: int = 10, reduction: int = 16, in_channels: int = 3) -> nn.Module:
     """Pre-activation SE-ResNet-18, CIFAR variant (SE reduction ``reduction``)."""
+    check_io(num_classes, in_channels)
+    if check_int(reduction, "model.reduction", 1) > 64:  # the first stage's 64 channels
+        raise ConfigError(f"model.reduction: expected an integer in [1, 64] (the squeeze of the "
+                          f"64-channel stage must keep a channel), got {reduction}")
     block = partial(PreActSEBlock, reduction=reduction)
     return ResNet18(num_classes=num_classes, in_channels=in_channels, block=block)

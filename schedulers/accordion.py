@@ -32,7 +32,7 @@ from typing import Any
 import compression
 from compression.base import Compressor
 from compression.hook import HookState
-from core.errors import ConfigError, check_int
+from core.errors import ConfigError, check_int, check_number
 from schedulers import register
 from schedulers.base import Scheduler
 
@@ -40,9 +40,8 @@ log = logging.getLogger(__name__)
 
 
 def check_detector(eta: Any, interval: Any) -> None:
-    """ConfigError unless eta > 0 and interval is an integer >= 1."""
-    if isinstance(eta, bool) or not isinstance(eta, int | float) or not eta > 0:
-        raise ConfigError(f"scheduler.eta: expected a number > 0, got {eta!r}")
+    """ConfigError unless eta is a (finite) number > 0 and interval an integer >= 1."""
+    check_number(eta, "scheduler.eta", 0, low_open=True)
     check_int(interval, "scheduler.interval", 1)
 
 

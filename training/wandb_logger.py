@@ -16,6 +16,31 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from core.errors import ConfigError, check_choice, check_number, check_str
+
+MODES = ("offline", "online", "disabled")
+MAX_TAG = 64  # W&B refuses longer tags (its run then fails to start)
+
+
+def check(cfg: Any) -> None:
+    """Validate the ``logger`` config node (ConfigError naming the field)."""
+    if check_choice(cfg.name, "logger.name", ("wandb", "none")) == "none":
+        return
+    check_choice(cfg.mode, "logger.mode", MODES)
+    check_str(cfg.project, "logger.project", max_length=128)
+    for field in ("entity", "group", "job_type", "run_name"):
+        check_str(cfg.get(field), f"logger.{field}", optional=True, max_length=128)
+    tags = cfg.get("tags")
+    tags = [] if tags is None else tags
+    if not isinstance(tags, list | tuple) and type(tags).__name__ != "ListConfig":
+        raise ConfigError(f"logger.tags: expected a list of strings, got {tags!r}")
+    for tag in tags:
+        if not isinstance(tag, str) or not 0 < len(tag) <= MAX_TAG:
+            raise ConfigError(f"logger.tags: expected strings of 1 to {MAX_TAG} characters (W&B's "
+                              f"limit), got {tag!r}")
+    for field in ("init_timeout_s", "finish_timeout_s"):
+        check_number(cfg.get(field, 1), f"logger.{field}", 0, low_open=True)
+
 
 class WandbLogger:
     """Thin wrapper around a ``wandb`` run that turns every error into one warning."""
