@@ -6,7 +6,7 @@ PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint clean stress
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -33,3 +33,8 @@ clean: ## remove run outputs (keeps .venv)
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
 	$(PY) -m benchmarks.compressors
+
+stress: $(VENV_STAMP) ## 50 back-to-back 2-rank runs over every compressor x scheduler -> results/bench/stress.{csv,md}; fault tests for every compressor; the config fuzz with fresh random examples
+	$(PY) -m benchmarks.stress
+	$(PY) -m pytest -q --stress -m stress tests/test_faults_e2e.py $(PYTEST_FLAGS)
+	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q tests/test_config_fuzz.py $(PYTEST_FLAGS)
