@@ -135,7 +135,8 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             logger.log(row, step=epoch)
             if why is not None:  # stop before a non-finite state reaches the checkpoint
                 status = "diverged"
-                LOG.error("diverged: %s; the last checkpoint holds epoch %d", why, epoch - 1)
+                LOG.error("diverged: %s; %s is left as it was before epoch %d", why,
+                          record.CHECKPOINT, epoch)
                 break
             checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch + 1,
                             time.perf_counter() - started, model, optimizer, hook_state, scheduler)

@@ -111,8 +111,12 @@ def wait_for(path: Path, agent: subprocess.Popen, log: Path, limit_s: float = 30
         time.sleep(0.05)
 
 
-def end(agent: subprocess.Popen) -> None:
-    """Stop the agent and whatever is left of its workers."""
+def end(agent: subprocess.Popen, ranks: dict[int, int]) -> None:
+    """Stop the agent and whatever is left of its workers (torchrun starts each in a session
+    of its own: a stopped one would outlive the agent)."""
+    for pid in ranks.values():
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
     if agent.poll() is None:
         os.killpg(agent.pid, signal.SIGKILL)
     agent.wait(timeout=60)
@@ -142,6 +146,7 @@ def test_killed_rank_ends_the_job_and_the_run_resumes_bit_exactly(tmp_path, comp
     note = f"seed {seed}: SIGKILL to rank {victim} {delay:.2f} s after the first checkpoint"
     log = tmp_path / "faulty.log"
     agent = launch(fault_args(compressor, faulty), log)
+    ranks: dict[int, int] = {}
     try:
         ranks = workers(agent)
         wait_for(faulty / "checkpoint.pt", agent, log)
@@ -150,7 +155,7 @@ def test_killed_rank_ends_the_job_and_the_run_resumes_bit_exactly(tmp_path, comp
         os.kill(ranks[victim], signal.SIGKILL)
         waited = wait_gone(ranks[1 - victim], TIMEOUT_S + MARGIN_S)
     finally:
-        end(agent)
+        end(agent, ranks)
     assert waited <= TIMEOUT_S + MARGIN_S, f"{note}: the survivor hangs"
     summary = json.loads((faulty / "summary.json").read_text())
     assert summary["status"].startswith(f"failed: lost rank {victim} "), (note, summary)
@@ -180,6 +185,7 @@ def test_stopped_rank_ends_the_job_within_the_timeout(tmp_path):
     # gloo notices a closed socket at once, but a stopped peer only through the timeout.
     log = tmp_path / "job.log"
     agent = launch(fault_args("powersgd", tmp_path / "run", epochs=20), log)
+    ranks: dict[int, int] = {}
     try:
         ranks = workers(agent)
         wait_for(tmp_path / "run" / "checkpoint.pt", agent, log)
@@ -188,7 +194,7 @@ def test_stopped_rank_ends_the_job_within_the_timeout(tmp_path):
         waited = wait_gone(ranks[0], TIMEOUT_S + MARGIN_S)
         assert alive(ranks[1])  # stopped, not gone: only the timeout could end rank 0
     finally:
-        end(agent)
+        end(agent, ranks)
     assert TIMEOUT_S - 1 <= waited <= TIMEOUT_S + MARGIN_S, waited
     status = json.loads((tmp_path / "run" / "summary.json").read_text())["status"]
     assert status.startswith("failed: lost rank 1 "), status
