@@ -24,7 +24,7 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
 
-.PHONY: install demo test test-fast lint clean report bench-compressors bench-e2e bench-tta plan \
+.PHONY: install demo test test-fast lint clean stress report bench-compressors bench-e2e bench-tta plan \
 	dashboard reproduce-all \
 	$(addprefix reproduce-,$(SWEEPS))
 
@@ -75,3 +75,8 @@ bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) 
 
 bench-tta: $(VENV_STAMP) ## time to accuracy of run.py jobs over the link at ratio 4 (JOBS=file.yaml) -> results/bench/tta.*
 	$(PY) -m benchmarks.tta $(if $(JOBS),--jobs $(JOBS))
+
+stress: $(VENV_STAMP) ## 50 back-to-back 2-rank runs over every compressor x scheduler -> results/bench/stress.{csv,md}; fault tests for every compressor; the config fuzz with fresh random examples
+	$(PY) -m benchmarks.stress
+	$(PY) -m pytest -q --stress -m stress tests/test_faults_e2e.py $(PYTEST_FLAGS)
+	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q tests/test_config_fuzz.py $(PYTEST_FLAGS)

@@ -40,7 +40,7 @@ from compression.hook import comm_hook
 from core import distributed, record
 from core.errors import ConfigError
 from core.lr import lr_at
-from training import checkpoint, config, optim, runs, signals
+from training import checkpoint, config, faults, optim, runs, signals
 from training.tasks import make_task
 from training.wandb_logger import NullLogger, WandbLogger
 
@@ -52,14 +52,18 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: validate, then train (exit status 2 on bad input)."""
     env = distributed.detect()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    signals.install()  # SIGTERM and preemption: how the run ends, to be resumed (training/signals)
+    signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (training/signals)
     try:
         config.validate(cfg, env.world_size, run_dir)
         bundle = data.build(cfg.dataset)
+        config.prepare(cfg, bundle, env.world_size, run_dir)
         train(cfg, env, run_dir, bundle)
     except ConfigError as exc:  # before the group starts, or found by the data or a checkpoint
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except faults.RunFailed as exc:  # a lost peer, a full disk: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle
@@ -70,7 +74,7 @@ def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data
     distributed.init(env, device, float(cfg.trainer.dist_timeout_s))
     try:
         run_dir = _shared_run_dir(run_dir)
-        action = _from_rank0(_decide(cfg, run_dir) if env.is_main else None)
+        action = _from_rank0(_decide(cfg, run_dir, env.world_size) if env.is_main else None)
         if isinstance(action, ConfigError):  # the directory holds another config's run
             raise action
         if action is runs.Action.SKIP:
@@ -84,10 +88,15 @@ def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data
         distributed.shutdown()
 
 
-def _decide(cfg: DictConfig, run_dir: Path) -> runs.Action | ConfigError:
-    """Rank 0's decision for the run directory, or the error that refuses it."""
+def _decide(cfg: DictConfig, run_dir: Path, world_size: int) -> runs.Action | ConfigError:
+    """Rank 0's decision for the run directory, or the error that refuses it (another config's
+    run; with resume=auto, a checkpoint that cannot continue this run: resume=true had it checked
+    before the group started)."""
     try:
-        return runs.decide(cfg, run_dir)
+        action = runs.decide(cfg, run_dir)
+        if action is runs.Action.RESUME and cfg.resume is not True:
+            checkpoint.check_resumable(run_dir, cfg, world_size)
+        return action
     except ConfigError as exc:
         return exc
 
@@ -97,6 +106,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     t = cfg.trainer
     checkpoint.seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
     model = models.build(**cfg.model).to(device)
+    faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
     checkpoint.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
     task = make_task(bundle, env, cfg, device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -115,7 +125,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
 
     amp = bool(t.amp) and device.type == "cuda"
-    status, started = "running", time.perf_counter() - elapsed_s
+    status, why, started = "running", None, time.perf_counter() - elapsed_s
     try:
         for epoch in range(start_epoch, t.epochs):
             row: dict[str, Any] = {"epoch": epoch}
@@ -139,31 +149,37 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             row.update(hook_state.epoch_stats())
             row["time/epoch_s"] = epoch_s
             row["samples_per_s"] = samples * env.world_size / epoch_s
-            norms = _from_rank0(hook_state.grad_norms())  # every rank decides on rank 0's statistic
+            norms, nonfinite = _end_of_epoch(hook_state, env)
             row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
+            why = _divergence(epoch, row["train/loss"], nonfinite)  # the same on every rank
             if log is not None:  # rank 0 writes the record (and knows the earlier epochs)
                 sent_before = sum(r["comm/bits"] for r in log.rows)
                 row["comm/cumulative_bits"] = sent_before + row["comm/bits"]
                 log.write(row)
                 _report(row, task.metric)
             logger.log(row, step=epoch)
+            if why is not None:  # stop before a non-finite state reaches the checkpoint
+                status = "diverged"
+                LOG.error("diverged: %s; %s is left as it was before epoch %d", why,
+                          record.CHECKPOINT, epoch)
+                break
             checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch + 1,
                             time.perf_counter() - started, model, optimizer, hook_state, scheduler)
-            if not math.isfinite(row["train/loss"]):
-                status = "diverged"
-                break
         else:
             status = "completed"
-    except BaseException as exc:
-        if log is not None:  # the record says how the run ended, whatever ended it
-            record.write_summary(run_dir, record.summarize(
-                log.rows, f"failed: {type(exc).__name__}: {exc}", task.metric,
-                time.perf_counter() - started))
-        logger.finish(exit_code=1)
-        raise
+    except BaseException as exc:  # the record says how the run ended, whatever ended it
+        with signals.shield():
+            end = faults.ending(exc, env.rank, env.world_size, float(t.dist_timeout_s))
+            note = _record_failure(run_dir, log, end, task.metric, started)
+            logger.finish(exit_code=1)
+        if end.line is None:  # a bug, or a signal: keep Python's own way out
+            raise
+        raise faults.RunFailed(f"{end.line}{note}; {faults.record_line(run_dir)}") from exc
 
     rows = log.rows if log is not None else []
     summary = record.summarize(rows, status, task.metric, time.perf_counter() - started)
+    if why is not None:
+        summary["reason"] = why
     summary["params_in_sync"] = _params_in_sync(model)
     if log is not None:
         log.close()
@@ -209,6 +225,41 @@ def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimiz
     bar.close()
     dist.all_reduce(loss_sum)
     return loss_sum.item() / (steps * env.world_size), samples
+
+
+def _end_of_epoch(hook_state: compression.HookState, env: distributed.DistEnv
+                  ) -> tuple[dict[str, float], list[tuple[int, int, list[str]]]]:
+    """Rank 0's ||Delta_e|| per layer (every rank decides on rank 0's statistic), and (rank,
+    step, layers) for every rank whose Delta_e stopped being finite: one collective."""
+    mine = (hook_state.grad_norms() if env.is_main else None, hook_state.nonfinite())
+    gathered: list[Any] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)
+    return gathered[0][0], [(r, *seen) for r, (_, seen) in enumerate(gathered) if seen]
+
+
+def _divergence(epoch: int, train_loss: float, nonfinite: list[tuple[int, int, list[str]]]
+                ) -> str | None:
+    """Why the run cannot go on after ``epoch`` (None if it can)."""
+    if nonfinite:
+        return faults.describe_nonfinite(epoch, nonfinite)
+    if not math.isfinite(train_loss):
+        return f"train/loss is {train_loss} in epoch {epoch}"
+    return None
+
+
+def _record_failure(run_dir: Path, log: record.MetricsLog | None, end: faults.Ending,
+                    metric: str, started: float) -> str:
+    """Write ``summary.json`` for a failed run if this rank records it (rank 0, or the lowest
+    survivor of a lost rank 0, from ``metrics.jsonl``); a note if it cannot be written."""
+    if not end.records:
+        return ""
+    try:
+        rows = log.rows if log is not None else record.read_metrics(run_dir / record.METRICS)
+        record.write_summary(run_dir, record.summarize(rows, end.status, metric,
+                                                       time.perf_counter() - started))
+    except (OSError, ConfigError) as exc:
+        return f" ({record.SUMMARY} not written: {exc})"
+    return ""
 
 
 def _report(row: dict[str, Any], metric: str) -> None:

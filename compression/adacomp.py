@@ -57,6 +57,7 @@ from compression.memory import ErrorFeedback
 from core.errors import check_bool, check_int
 
 WORD_BITS = 32  # the fp32 scale of our wire format
+MAX_BIN = 1 << 24  # largest bin size L_T accepted
 
 
 def _grouped(n: int, bin_size: int) -> tuple[int, int]:
@@ -104,8 +105,8 @@ class AdaComp(Compressor):
 
     def __init__(self, conv_bin_size: int = 50, fc_bin_size: int = 500,
                  soft_threshold: bool = True) -> None:
-        self.conv_bin_size = check_int(conv_bin_size, "compressor.conv_bin_size", 1)
-        self.fc_bin_size = check_int(fc_bin_size, "compressor.fc_bin_size", 1)
+        self.conv_bin_size = self.validate_level(conv_bin_size, "compressor.conv_bin_size")
+        self.fc_bin_size = self.validate_level(fc_bin_size, "compressor.fc_bin_size")
         self.soft_threshold = check_bool(soft_threshold, "compressor.soft_threshold")
         self.memory = ErrorFeedback(key="residue")  # Alg. 2's residue: the algorithm itself
         self._scratch = Scratch()
@@ -114,7 +115,9 @@ class AdaComp(Compressor):
         return self.conv_bin_size if len(shape) >= 3 else self.fc_bin_size
 
     def validate_level(self, level: Any, field: str | None = None) -> int:
-        return check_int(level, field or "level (AdaComp bin size L_T)", 1)
+        # A layer's residue is padded to whole bins: a bin far larger than any layer would
+        # allocate its size.
+        return check_int(level, field or "level (AdaComp bin size L_T)", 1, MAX_BIN)
 
     def aggregate(self, layers: list[Layer], grads: list[torch.Tensor], comm: Comm
                   ) -> Steps[list[Sent]]:

@@ -24,6 +24,8 @@ from compression.exchange import GatherCompressor, pack_bits, unpack_bits
 from compression.memory import ErrorFeedback
 from core.errors import check_bool, check_int
 
+MAX_BLOCK = 1 << 24  # largest block_size accepted
+
 
 @register("ef_signsgd")
 class EFSignSGD(GatherCompressor):
@@ -41,7 +43,9 @@ class EFSignSGD(GatherCompressor):
         return self.block_size or math.prod(shape)
 
     def validate_level(self, level: Any, field: str | None = None) -> int:
-        return check_int(level, field or "compressor.block_size")
+        # A layer is padded to whole blocks: a block far larger than any layer would allocate
+        # its size. (The default, null, is each layer's own size, whatever it is.)
+        return check_int(level, field or "compressor.block_size", 1, MAX_BLOCK)
 
     def step_bits(self, shape: torch.Size, level: Any) -> int:
         return math.prod(shape) + 32 * math.ceil(math.prod(shape) / level)

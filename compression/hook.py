@@ -3,7 +3,11 @@
 For every bucket DDP hands over (while the backward pass goes on), :func:`comm_hook`
 
 1. adds each layer's local gradient to its epoch sum Delta_e (Accordion's statistic, taken
-   before any compression or error feedback),
+   before any compression or error feedback) and notes the first step at which a layer's sum
+   stops being finite (a NaN or inf gradient: :meth:`HookState.nonfinite`), so that the run
+   stops before such a gradient reaches a saved error-feedback memory. On float32 CPU tensors
+   the check is fused into the add (:mod:`compression._grad_sum_kernel`, no extra pass);
+   elsewhere it is a float64 sum of Delta_e, read without a device sync at the epoch's end,
 2. runs :func:`aggregate_bucket`: the tensors with ndim <= 1 (biases, norm layers) go
    uncompressed in one all-reduce, the matrix-shaped layers through the compressor, and
 3. counts the bits this worker put into its messages (in all, and for the compressed layers by
@@ -20,6 +24,7 @@ order of collectives identical on every rank, which gloo and NCCL require.
 """
 
 # No `from __future__ import annotations` here: DDP checks comm_hook's annotations at runtime.
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,6 +35,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed import ProcessGroup
 from torch.futures import Future
 
+from compression import _grad_sum_kernel
 from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, GroupComm, Pending, Steps, Timer, drive
 from core.errors import ConfigError
@@ -87,6 +93,9 @@ class HookState:
             self._name_of[id(param)] = name
         self._compressed = set(self.compressed_layers())
         self.grad_sums: dict[str, torch.Tensor] = {}
+        self.step = 0  # synchronized steps (hook calls on a last bucket) in this epoch
+        self._nonfinite: tuple[int, list[str]] | None = None
+        self._sums: list[tuple[int, str, torch.Tensor]] = []  # sums to check (no kernel, CUDA)
         self.timer = Timer()
         self._previous: Future = Future()  # the last bucket's completion (see the module doc)
         self._previous.set_result(None)
@@ -122,8 +131,27 @@ class HookState:
         self.type_bits_dense = dict.fromkeys(LAYER_TYPES, 0)  # the same layers in fp32
         self.chosen: dict[str, list[int]] = {}  # per layer: elements a sparsifier sent, of all
         self.timer.seconds = 0.0
+        self.step = 0
+        self._nonfinite, self._sums = None, []
         for g in self.grad_sums.values():
             g.zero_()
+
+    def nonfinite(self) -> tuple[int, list[str]] | None:
+        """The first step of this epoch (0-based) after which some layers' Delta_e were no
+        longer finite on this worker, and those layers; None while every sum is finite."""
+        if self._sums:  # one device sync for the epoch's sums
+            finite = torch.stack([t for _, _, t in self._sums]).isfinite().tolist()
+            for (step, name, _), ok in zip(self._sums, finite, strict=True):
+                if not ok:
+                    self._note_nonfinite(step, name)
+            self._sums = []
+        return self._nonfinite
+
+    def _note_nonfinite(self, step: int, name: str) -> None:
+        if self._nonfinite is None or step < self._nonfinite[0]:
+            self._nonfinite = (step, [name])
+        elif step == self._nonfinite[0] and name not in self._nonfinite[1]:
+            self._nonfinite[1].append(name)
 
     def epoch_stats(self) -> dict[str, float]:
         """The epoch's metrics: ``comm/*``, ``time/compress_s``, ``level/*``, ``grad_norm/*``,
@@ -202,12 +230,21 @@ class HookState:
         return self._previous
 
     def _accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
+        """Delta_e += g for each layer of the bucket, noting sums that stop being finite."""
         for name, grad in zip(names, grads, strict=True):
             acc = self.grad_sums.get(name)
             if acc is None:
-                self.grad_sums[name] = grad.detach().clone()
-            else:
+                acc = self.grad_sums[name] = torch.zeros_like(grad)
+            finite = _grad_sum_kernel.add_finite(acc, grad)
+            if finite is None:  # no kernel for these tensors: add, then sum (no overflow in fp64)
                 acc.add_(grad)
+                total = acc.sum(dtype=torch.float64)
+                if total.device.type != "cpu":
+                    self._sums.append((self.step, name, total))
+                    continue
+                finite = math.isfinite(total.item())
+            if not finite:
+                self._note_nonfinite(self.step, name)
 
     def _bucket_steps(self, previous: Future, dense: list[torch.Tensor], layers: list[Layer],
                       grads: list[torch.Tensor], buffer: torch.Tensor) -> Steps[torch.Tensor]:
@@ -229,4 +266,7 @@ class HookState:
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """DDP communication hook: aggregate one bucket with ``state.compressor``."""
     names = [state.name_of(p) for p in bucket.parameters()]
-    return state.aggregate(names, bucket.gradients(), bucket.buffer())
+    future = state.aggregate(names, bucket.gradients(), bucket.buffer())
+    if bucket.is_last():
+        state.step += 1
+    return future

@@ -5,12 +5,19 @@
 process group starts. :func:`init` then starts the group: nccl on CUDA, gloo on CPU, always with
 a timeout so that a dead rank ends the job with an error instead of a hang. A single process also
 gets a (world-size-1) group, so the training code and the communication hooks never branch on it.
+
+When a run ends by an error, each rank posts how it ended in the job's key-value store
+(:func:`post_ending`), which outlives the workers under torchrun (its agent holds it); a rank
+that saw a collective fail reads the others' posts (:func:`endings`) to tell a peer that failed
+on its own from one that is gone (killed, its node lost) or stopped.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import time
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -19,6 +26,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+_JOB: dict[str, dist.Store] = {}  # "store": this job's key-value store, once init() ran
+POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,7 @@ def init(env: DistEnv, device: torch.device, timeout_s: float) -> None:
     if env.launcher == "single":
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        _JOB["store"] = dist.PrefixStore("accordion-bench/0", store)
         return
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         warnings.warn("OMP_NUM_THREADS is not set: set it (torchrun sets 1) so that every thread "
@@ -89,14 +100,54 @@ def init(env: DistEnv, device: torch.device, timeout_s: float) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1" if local else job.hostnames[0])
         os.environ.setdefault("MASTER_PORT", str(_port_for(str(job.job_id))))
     kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method="env://", rank=env.rank,
+    # env:// as init_process_group does it, keeping the store: torchrun's agent holds it (so it
+    # outlives any worker), otherwise rank 0 does.
+    store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=env.rank,
                             world_size=env.world_size, timeout=timeout, **kwargs)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun restarts reuse it
+    _JOB["store"] = dist.PrefixStore(f"accordion-bench/{attempt}", store)
 
 
 def shutdown() -> None:
     """Destroy the process group if one is up."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    _JOB.pop("store", None)
+
+
+def post_ending(rank: int, reason: str, own: bool, timeout_s: float) -> bool:
+    """Post in the job's store how this rank ended: ``own`` if by its own error (or a signal),
+    not because a collective failed. False if there is no store or it cannot be reached within
+    ``timeout_s``."""
+    store = _JOB.get("store")
+    if store is None:
+        return False
+    try:
+        store.set_timeout(timedelta(seconds=timeout_s))
+        store.set(f"ended/{rank}", json.dumps({"own": own, "reason": reason}))
+    except (RuntimeError, OSError):  # the store went with its host (rank 0, not under torchrun)
+        return False
+    return True
+
+
+def endings(world_size: int, wait_s: float) -> dict[int, dict[str, object]] | None:
+    """The ranks' posts (``{"own": bool, "reason": str}``), waiting up to ``wait_s`` for every
+    rank to post; a rank missing from the result posted nothing (gone, or stopped). None if
+    the store cannot be reached."""
+    store = _JOB.get("store")
+    if store is None:
+        return None
+    keys = [f"ended/{r}" for r in range(world_size)]
+    deadline = time.monotonic() + wait_s
+    try:
+        store.set_timeout(timedelta(seconds=max(wait_s, 1.0)))
+        while not store.check(keys) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        return {r: json.loads(store.get(key)) for r, key in enumerate(keys) if store.check([key])}
+    except (RuntimeError, OSError):
+        return None
 
 
 def _slurm_master_addr() -> str:

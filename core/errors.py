@@ -11,10 +11,12 @@ class ConfigError(ValueError):
     """
 
 
-def check_int(value: Any, field: str, low: int = 1) -> int:
-    """``value`` as an int >= ``low``, or a ConfigError naming ``field``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{field}: expected an integer >= {low}, got {value!r}")
+def check_int(value: Any, field: str, low: int = 1, high: int | None = None) -> int:
+    """``value`` as an int >= ``low`` (and <= ``high``), or a ConfigError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+            high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{field}: expected an integer {allowed}, got {value!r}")
     return int(value)
 
 
@@ -37,3 +39,49 @@ def check_choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ConfigError(f"{field}: expected one of {list(choices)}, got {value!r}")
     return value
+
+
+def check_number(value: Any, field: str, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a float within [low, high] (``low_open`` / ``high_open``: excluding that
+    end; None: unbounded), or a ConfigError naming ``field``. NaN and inf are never accepted."""
+    ok = (not isinstance(value, bool) and isinstance(value, int | float)
+          and abs(value) < float("inf"))
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        lo = "(-inf" if low is None else f"{'(' if low_open else '['}{low:g}"
+        hi = "inf)" if high is None else f"{high:g}{')' if high_open else ']'}"
+        raise ConfigError(f"{field}: expected a number in {lo}, {hi}, got {value!r}")
+    return float(value)
+
+
+def check_int_list(value: Any, field: str, length: int | None = None, low: int = 1) -> list[int]:
+    """``value`` as a list of integers >= ``low`` (of ``length`` items if given), or a
+    ConfigError naming ``field``."""
+    items = list(value) if isinstance(value, list | tuple) or _is_list_node(value) else None
+    if items is None or (length is not None and len(items) != length) or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < low for v in items):
+        size = f"{length} " if length is not None else ""
+        raise ConfigError(f"{field}: expected a list of {size}integers >= {low}, got {value!r}")
+    return items
+
+
+def check_str(value: Any, field: str, optional: bool = False, max_length: int | None = None
+              ) -> str | None:
+    """``value`` if it is a string (at most ``max_length`` characters; None too if
+    ``optional``), or a ConfigError naming ``field``."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or (max_length is not None and len(value) > max_length):
+        limit = f" of at most {max_length} characters" if max_length is not None else ""
+        null = " or null" if optional else ""
+        raise ConfigError(f"{field}: expected a string{limit}{null}, got {value!r}")
+    return value
+
+
+def _is_list_node(value: Any) -> bool:
+    """An omegaconf ListConfig (imported lazily: this module imports nothing else)."""
+    return type(value).__name__ == "ListConfig"

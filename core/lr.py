@@ -21,33 +21,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, check_int, check_int_list, check_number
 
 
 def check(cfg: Any) -> None:
-    """Validate ``optimizer.lr``, ``optimizer.weight_decay`` and ``optimizer.schedule``."""
-    if not float(cfg.lr) > 0:
-        raise ConfigError(f"optimizer.lr: expected a number > 0, got {cfg.lr}")
-    if float(cfg.weight_decay) < 0:
-        raise ConfigError(f"optimizer.weight_decay: expected >= 0, got {cfg.weight_decay}")
+    """Validate ``optimizer.lr``, ``optimizer.weight_decay`` and ``optimizer.schedule`` (the
+    optimizer's own keys: :func:`training.optim.check`)."""
+    check_number(cfg.lr, "optimizer.lr", 0, low_open=True)
+    check_number(cfg.weight_decay, "optimizer.weight_decay", 0)
     s = cfg.schedule
-    if int(s.warmup_epochs) < 0:
-        raise ConfigError(f"optimizer.schedule.warmup_epochs: expected >= 0, got {s.warmup_epochs}")
-    if int(s.warmup_epochs) > 0 and not float(s.warmup_start_lr) > 0:
-        raise ConfigError("optimizer.schedule.warmup_start_lr: expected a number > 0, got "
-                          f"{s.warmup_start_lr}")
-    milestones, factors = list(s.milestones), list(s.decay_factors)
+    check_int(s.warmup_epochs, "optimizer.schedule.warmup_epochs", 0)
+    check_number(s.warmup_start_lr, "optimizer.schedule.warmup_start_lr", 0, low_open=True)
+    milestones = check_int_list(s.milestones, "optimizer.schedule.milestones")
+    if milestones != sorted(set(milestones)):
+        raise ConfigError("optimizer.schedule.milestones: expected increasing epochs >= 1, got "
+                          f"{milestones}")
+    factors = s.decay_factors
+    if not isinstance(factors, list | tuple) and type(factors).__name__ != "ListConfig":
+        raise ConfigError(f"optimizer.schedule.decay_factors: expected a list of numbers > 0, "
+                          f"got {factors!r}")
     if len(milestones) != len(factors):
         raise ConfigError("optimizer.schedule.decay_factors: expected one factor per milestone, "
                           f"got {len(factors)} factors for {len(milestones)} milestones")
-    if milestones != sorted(milestones) or any(int(m) < 1 for m in milestones):
-        raise ConfigError("optimizer.schedule.milestones: expected increasing epochs >= 1, got "
-                          f"{milestones}")
-    if any(not float(f) > 0 for f in factors):
-        raise ConfigError(f"optimizer.schedule.decay_factors: expected factors > 0, got {factors}")
-    lag = s.get("lag", 0)
-    if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
-        raise ConfigError(f"optimizer.schedule.lag: expected an integer >= 0, got {lag!r}")
+    for factor in factors:
+        check_number(factor, "optimizer.schedule.decay_factors", 0, low_open=True)
+    check_int(s.get("lag", 0), "optimizer.schedule.lag", 0)
 
 
 def lr_at(cfg: Any, epoch: int) -> float:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,19 +16,40 @@ from typing import Any
 
 import torch
 
+from core.errors import ConfigError
+
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 
 
+class RecordError(OSError):
+    """A file of the run record could not be written (a full disk, a quota, a read-only or
+    vanished directory). The message is one line naming the file; what was written before is
+    intact (appends are whole lines, rewrites atomic)."""
+
+
 def atomic_write_bytes(path: Path, write: Any) -> None:
-    """Call ``write(file)`` on a temp file beside ``path``, fsync it, rename it over ``path``."""
+    """Call ``write(file)`` on a temp file beside ``path``, fsync it, rename it over ``path``.
+
+    On an OSError the temp file is removed (it may fill a disk), ``path`` is left as it was, and
+    a :class:`RecordError` naming ``path`` is raised.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise _record_error(path, exc) from exc
+
+
+def _record_error(path: Path, exc: OSError) -> RecordError:
+    return RecordError(exc.errno, f"cannot write {path}: {exc.strerror or exc}")
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -52,11 +74,15 @@ class MetricsLog:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open all run)
 
     def write(self, row: dict[str, Any]) -> None:
-        """Append one epoch's row and make it durable."""
+        """Append one epoch's row and make it durable (a RecordError if it cannot be: the rows
+        before it stay whole; a torn line is dropped when the file is read)."""
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise _record_error(self.path, exc) from exc
         self.rows.append(row)
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         """Close the file."""
@@ -64,10 +90,38 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All rows of a ``metrics.jsonl`` (empty if it does not exist)."""
+    """The complete rows of a ``metrics.jsonl`` (empty if it does not exist).
+
+    A torn last line (a write cut short by a crash or a full disk: no newline, not a whole JSON
+    object) is dropped: its epoch was never checkpointed. Any other unreadable line raises a
+    ConfigError naming the file and the line.
+    """
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc}); the file is corrupt") from exc
+    lines = text.split("\n")
+    last = lines.pop()  # "" when the file ends with a newline, as every whole write does
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            row = _parse_row(line)
+            if row is None:
+                raise ConfigError(f"{path}:{number}: not a JSON object of one epoch; the file "
+                                  f"is corrupt")
+            rows.append(row)
+    torn = _parse_row(last) if last.strip() else None
+    return rows if torn is None else [*rows, torn]
+
+
+def _parse_row(line: str) -> dict[str, Any] | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def summarize(rows: list[dict[str, Any]], status: str, metric: str, total_time_s: float

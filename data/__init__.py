@@ -3,7 +3,8 @@
 A dataset module registers a builder with :func:`register`. The builder takes the
 ``dataset`` config node and returns a :class:`DataBundle`. An optional checker, registered
 with ``register(name, check=...)``, validates paths and values without loading anything, so
-that bad input fails before any process group starts.
+that bad input fails before any process group starts; ``fixed`` declares the keys that describe
+the data (its task, its images' shape, its classes) and cannot be changed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Dataset, Subset
 
-from core.errors import ConfigError
+from core.errors import ConfigError, check_bool, check_int, check_str
 
 Task = Literal["classification", "language_model"]
 
@@ -41,18 +42,22 @@ Builder = Callable[[Any], DataBundle]
 Checker = Callable[[Any], None]
 _BUILDERS: dict[str, Builder] = {}
 _CHECKERS: dict[str, Checker] = {}
+_FIXED: dict[str, dict[str, Any]] = {}
 _MODULES = (
     "digits", "synthetic", "cifar", "mnist", "imagenet", "wikitext2", "shakespeare",
     "synthetic_text",
 )
 
 
-def register(*names: str, check: Checker | None = None) -> Callable[[Builder], Builder]:
-    """Decorator: make ``fn`` the builder of dataset(s) ``names``."""
+def register(*names: str, check: Checker | None = None, fixed: dict[str, Any] | None = None
+             ) -> Callable[[Builder], Builder]:
+    """Decorator: make ``fn`` the builder of dataset(s) ``names``; ``fixed``: keys whose value
+    is that of the data (e.g. ``{"task": "classification", "input_shape": [3, 32, 32]}``)."""
 
     def wrap(fn: Builder) -> Builder:
         for name in names:
             _BUILDERS[name] = fn
+            _FIXED[name] = dict(fixed or {})
             if check is not None:
                 _CHECKERS[name] = check
         return fn
@@ -74,10 +79,33 @@ def check(cfg: Any) -> None:
             f"dataset.name: unknown dataset {cfg.name!r}; choose one of {available()}"
         )
     subset = cfg.get("subset")
-    if subset is not None and (not isinstance(subset, int) or subset < 1):
-        raise ConfigError(f"dataset.subset: expected null or an integer >= 1, got {subset!r}")
+    if subset is not None:
+        check_int(subset, "dataset.subset", 1)
+    check_str(cfg.get("root"), "dataset.root", optional=True)
+    if "download" in cfg:
+        check_bool(cfg.download, "dataset.download")
+    if "seed" in cfg:
+        check_int(cfg.seed, "dataset.seed", 0, 2**63 - 1)  # torch.Generator's range
+    if "bptt" in cfg:
+        check_int(cfg.bptt, "dataset.bptt", 1)
+    for key, value in _FIXED[cfg.name].items():
+        if _plain(cfg.get(key)) != value:
+            raise ConfigError(f"dataset.{key}: {cfg.name} is {value!r} (this key describes the "
+                              f"data and cannot be changed), got {cfg.get(key)!r}")
     if cfg.name in _CHECKERS:
         _CHECKERS[cfg.name](cfg)
+
+
+def check_classes(value: Any, optional: bool = False) -> int | None:
+    """``dataset.num_classes``: an integer >= 1 (or null where the files give it)."""
+    if value is None and optional:
+        return None
+    return check_int(value, "dataset.num_classes", 1)
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain Python (a list node as a list), for comparison."""
+    return list(value) if type(value).__name__ == "ListConfig" else value
 
 
 def build(cfg: Any) -> DataBundle:

@@ -22,8 +22,8 @@ import numpy as np
 from torchvision import datasets, transforms
 from torchvision.datasets.vision import VisionDataset
 
-from core.errors import ConfigError
-from data import DataBundle, one_line, register
+from core.errors import ConfigError, check_number
+from data import DataBundle, check_classes, one_line, register
 
 _MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -111,6 +111,10 @@ _CLASSES: dict[str, type[_CifarFiles]] = {"cifar10": _Cifar10, "cifar100": _Cifa
 
 def _check(cfg: Any) -> None:
     cls = _CLASSES[cfg.name]
+    if check_classes(cfg.get("num_classes")) != cls.num_classes:
+        raise ConfigError(f"dataset.num_classes: {cfg.name} has {cls.num_classes} classes (this "
+                          f"key describes the data and cannot be changed), got {cfg.num_classes}")
+    check_number(cfg.get("rotation", 0), "dataset.rotation", 0, 180)
     if cfg.get("download"):
         return
     folder = Path(cfg.root) / cls.base_folder
@@ -124,7 +128,8 @@ def _check(cfg: Any) -> None:
         )
 
 
-@register("cifar10", "cifar100", check=_check)
+@register("cifar10", "cifar100", check=_check,
+          fixed={"task": "classification", "input_shape": [3, 32, 32]})
 def build(cfg: Any) -> DataBundle:
     """Train/test torchvision CIFAR datasets with the standard augmentation."""
     cls = _CLASSES[cfg.name]

@@ -19,7 +19,8 @@ from data import DataBundle, register
 TRAIN_SIZE = 1437
 
 
-@register("digits")
+@register("digits", fixed={"task": "classification", "num_classes": 10,
+                           "input_shape": [3, 32, 32]})
 def build(cfg: Any) -> DataBundle:
     """Train/test :class:`TensorDataset` of 3x32x32 float images and int64 labels."""
     from sklearn.datasets import load_digits

@@ -20,7 +20,7 @@ from PIL import Image
 from torchvision import datasets, transforms
 
 from core.errors import ConfigError
-from data import DataBundle, one_line, register
+from data import DataBundle, check_classes, one_line, register
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _HOW = ("expected ImageNet as class folders <root>/train/<class>/*.JPEG and "
@@ -40,6 +40,7 @@ def _classes(folder: Path) -> list[str]:
 
 
 def _check(cfg: Any) -> None:
+    check_classes(cfg.get("num_classes"), optional=True)
     root = Path(cfg.root)
     train, val = _classes(root / "train"), _classes(root / "val")
     if train != val:
@@ -70,7 +71,7 @@ def _folder(path: Path, transform: transforms.Compose) -> datasets.ImageFolder:
         raise ConfigError(f"dataset.root: cannot read {path}: {one_line(exc)}; {_HOW}") from exc
 
 
-@register("imagenet", check=_check)
+@register("imagenet", check=_check, fixed={"task": "classification", "input_shape": [3, 224, 224]})
 def build(cfg: Any) -> DataBundle:
     """Train/val :class:`~torchvision.datasets.ImageFolder` with the standard transforms."""
     root = Path(cfg.root)

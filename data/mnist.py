@@ -109,7 +109,8 @@ def _split(raw: Path, split: str) -> MnistImages:
     return MnistImages(torch.from_numpy(images.copy()), torch.from_numpy(labels.astype(np.int64)))
 
 
-@register("mnist", check=_check)
+@register("mnist", check=_check, fixed={"task": "classification", "num_classes": 10,
+                                        "input_shape": [1, 28, 28]})
 def build(cfg: Any) -> DataBundle:
     """Train (60,000) and test (10,000) :class:`MnistImages`."""
     if cfg.get("download"):

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from core.errors import ConfigError
-from data import DataBundle, check_vocabulary, read_text, register
+from core.errors import ConfigError, check_number
+from data import DataBundle, check_classes, check_vocabulary, read_text, register
 
 
 def _path(cfg: Any) -> Path:
@@ -24,9 +24,9 @@ def _path(cfg: Any) -> Path:
 
 
 def _check(cfg: Any) -> None:
-    fraction = float(cfg.get("test_fraction", 0.1))
-    if not 0 < fraction < 1:
-        raise ConfigError(f"dataset.test_fraction: expected a number in (0, 1), got {fraction}")
+    check_number(cfg.get("test_fraction", 0.1), "dataset.test_fraction", 0, 1, low_open=True,
+                 high_open=True)
+    check_classes(cfg.get("num_classes"), optional=True)
     path = _path(cfg)
     if not path.is_file():
         raise ConfigError(
@@ -41,7 +41,7 @@ def vocabulary(text: str) -> list[str]:
     return sorted(set(text))
 
 
-@register("shakespeare", check=_check)
+@register("shakespeare", check=_check, fixed={"task": "language_model"})
 def build(cfg: Any) -> DataBundle:
     """Train/test character streams; ``num_classes`` = number of distinct characters."""
     path = _path(cfg)

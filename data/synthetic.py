@@ -23,30 +23,21 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from core.errors import ConfigError
-from data import DataBundle, register
+from core.errors import check_int, check_int_list, check_number
+from data import DataBundle, check_classes, register
 
 
 def _check(cfg: Any) -> None:
-    for field in ("train_size", "test_size", "num_classes"):
-        if int(cfg[field]) < 1:
-            raise ConfigError(f"dataset.{field}: expected an integer >= 1, got {cfg[field]}")
-    shape = list(cfg.input_shape)
-    if len(shape) != 3 or min(shape) < 1:
-        raise ConfigError(f"dataset.input_shape: expected [channels, height, width], got {shape}")
-    if float(cfg.noise) < 0:
-        raise ConfigError(f"dataset.noise: expected a number >= 0, got {cfg.noise}")
-    if int(cfg.get("modes", 1)) < 1:
-        raise ConfigError(f"dataset.modes: expected an integer >= 1, got {cfg.modes}")
-    if int(cfg.get("shift", 0)) < 0:
-        raise ConfigError(f"dataset.shift: expected an integer >= 0, got {cfg.shift}")
-    smooth = cfg.get("smooth")
-    if smooth is not None and not 1 <= int(smooth) <= min(shape[1:]):
-        raise ConfigError(f"dataset.smooth: expected null or an integer in [1, "
-                          f"{min(shape[1:])}] (the image size), got {smooth}")
-    if not 0 <= float(cfg.get("label_noise", 0.0)) <= 1:
-        raise ConfigError(f"dataset.label_noise: expected a fraction in [0, 1], got "
-                          f"{cfg.label_noise}")
+    for field in ("train_size", "test_size"):
+        check_int(cfg[field], f"dataset.{field}", 1)
+    check_classes(cfg.num_classes)
+    shape = check_int_list(cfg.input_shape, "dataset.input_shape", 3)  # [channels, height, width]
+    check_number(cfg.noise, "dataset.noise", 0)
+    check_int(cfg.get("modes", 1), "dataset.modes", 1)
+    check_int(cfg.get("shift", 0), "dataset.shift", 0)
+    if cfg.get("smooth") is not None:
+        check_int(cfg.smooth, "dataset.smooth", 1, min(shape[1:]))  # at most the image size
+    check_number(cfg.get("label_noise", 0.0), "dataset.label_noise", 0, 1)
 
 
 def _templates(gen: torch.Generator, count: int, shape: tuple[int, ...], smooth: int | None
@@ -59,7 +50,7 @@ def _templates(gen: torch.Generator, count: int, shape: tuple[int, ...], smooth:
     return fine / fine.flatten(1).std(dim=1).view(-1, 1, 1, 1)
 
 
-@register("synthetic", check=_check)
+@register("synthetic", check=_check, fixed={"task": "classification"})
 def build(cfg: Any) -> DataBundle:
     """Train/test :class:`TensorDataset` of shifted class templates plus Gaussian noise."""
     gen = torch.Generator().manual_seed(int(cfg.seed))

@@ -22,19 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.errors import ConfigError
+from core.errors import ConfigError, check_int, check_number
 from data import DataBundle, register
 
 
 def _check(cfg: Any) -> None:
-    if int(cfg.vocab_size) < 2:
-        raise ConfigError(f"dataset.vocab_size: expected an integer >= 2, got {cfg.vocab_size}")
-    if not float(cfg.alpha) > 0:
-        raise ConfigError(f"dataset.alpha: expected a number > 0, got {cfg.alpha}")
+    check_int(cfg.vocab_size, "dataset.vocab_size", 2)
+    check_number(cfg.alpha, "dataset.alpha", 0, low_open=True)
     for field in ("train_tokens", "test_tokens"):
-        if int(cfg[field]) < 2:
-            raise ConfigError(f"dataset.{field}: expected an integer >= 2, got {cfg[field]}")
-    if cfg.get("num_classes") is not None and int(cfg.num_classes) != int(cfg.vocab_size):
+        check_int(cfg[field], f"dataset.{field}", 2)
+    if cfg.get("num_classes") is not None and cfg.num_classes != cfg.vocab_size:
         raise ConfigError(f"dataset.num_classes: must equal dataset.vocab_size ({cfg.vocab_size}), "
                           f"got {cfg.num_classes}; leave it as ${{.vocab_size}}")
 
@@ -96,7 +93,7 @@ def sample(matrix: np.ndarray, pi: np.ndarray, length: int,
     return torch.tensor(out, dtype=torch.int64)
 
 
-@register("synthetic_text", check=_check)
+@register("synthetic_text", check=_check, fixed={"task": "language_model"})
 def build(cfg: Any) -> DataBundle:
     """Independent train and test streams of the chain; ``num_classes`` = ``vocab_size``."""
     rng = np.random.default_rng(int(cfg.seed))

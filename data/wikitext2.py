@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from core.errors import ConfigError
-from data import DataBundle, check_vocabulary, read_text, register
+from core.errors import ConfigError, check_choice
+from data import DataBundle, check_classes, check_vocabulary, read_text, register
 
 SPLITS = ("train", "valid", "test")
 EOS = "<eos>"
@@ -40,8 +40,8 @@ def _folder(cfg: Any) -> Path:
 
 
 def _check(cfg: Any) -> None:
-    if cfg.get("eval_split", "test") not in ("test", "valid"):
-        raise ConfigError(f"dataset.eval_split: expected 'test' or 'valid', got {cfg.eval_split!r}")
+    check_choice(cfg.get("eval_split", "test"), "dataset.eval_split", ("test", "valid"))
+    check_classes(cfg.get("num_classes"), optional=True)
     folder = _folder(cfg)
     for split in SPLITS:
         path = folder / f"wiki.{split}.tokens"
@@ -75,7 +75,7 @@ def load_corpus(cfg: Any) -> Corpus:
     return Corpus(list(ids), streams)
 
 
-@register("wikitext2", check=_check)
+@register("wikitext2", check=_check, fixed={"task": "language_model"})
 def build(cfg: Any) -> DataBundle:
     """Train stream and the ``eval_split`` stream; ``num_classes`` = vocabulary size."""
     corpus = load_corpus(cfg)

@@ -8,10 +8,15 @@ the only way the suite creates a network.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
+from typing import Any
 
+import torch
 from torch import nn
+
+from core.errors import ConfigError, check_int
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
@@ -44,6 +49,29 @@ def build(name: str, num_classes: int, **kwargs: object) -> nn.Module:
     if name not in _REGISTRY:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(_REGISTRY)}")
     return _REGISTRY[name](num_classes=num_classes, **kwargs)
+
+
+def check(cfg: Any) -> None:
+    """Validate the ``model`` config node before anything is built: the name, no unknown keys,
+    every value (each model's builder checks its own, raising a ConfigError naming
+    ``model.<key>``), by building the model on the meta device (no memory, no compute)."""
+    name = cfg.get("name")
+    if name not in available():
+        raise ConfigError(f"model.name: unknown model {name!r}; choose one of {available()}")
+    kwargs = {k: v for k, v in cfg.items() if k != "name"}
+    allowed = list(inspect.signature(_REGISTRY[name]).parameters)
+    for key in kwargs:
+        if key not in allowed:
+            raise ConfigError(f"model.{key}: unknown key for model {name!r}; expected one of "
+                              f"{allowed}")
+    with torch.device("meta"):
+        build(name, **kwargs)
+
+
+def check_io(num_classes: Any, in_channels: Any = 1) -> None:
+    """The keys every model has: ``num_classes`` (or vocabulary size) and ``in_channels``."""
+    check_int(num_classes, "model.num_classes", 1)
+    check_int(in_channels, "model.in_channels", 1)
 
 
 def input_kind(name: str) -> dict[str, object]:

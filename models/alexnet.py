@@ -11,7 +11,8 @@ from __future__ import annotations
 from torch import nn
 from torchvision import models as tvm
 
-from models import register
+from core.errors import check_number
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 224, 224)}
 
@@ -19,6 +20,8 @@ INPUT = {"kind": "image", "shape": (3, 224, 224)}
 @register("alexnet")
 def alexnet(num_classes: int = 1000, dropout: float = 0.5, in_channels: int = 3) -> nn.Module:
     """torchvision AlexNet, randomly initialised; ``in_channels`` replaces the first convolution."""
+    check_io(num_classes, in_channels)
+    check_number(dropout, "model.dropout", 0, 1, high_open=True)
     model = tvm.alexnet(weights=None, num_classes=num_classes, dropout=dropout)
     if in_channels != 3:
         first = model.features[0]

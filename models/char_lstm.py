@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from models import register
-from models.lstm import LSTMLanguageModel
+from models.lstm import LSTMLanguageModel, check_lstm
 
 INPUT = {"kind": "tokens"}
 
@@ -20,5 +20,6 @@ INPUT = {"kind": "tokens"}
 def char_lstm(num_classes: int, emb_size: int = 128, hidden_size: int = 512, num_layers: int = 2,
               dropout: float = 0.0, tie_weights: bool = False) -> nn.Module:
     """Character-level LSTM; same interface as ``lstm`` (``forward``, ``init_hidden``)."""
+    check_lstm(num_classes, emb_size, hidden_size, num_layers, dropout, tie_weights)
     return LSTMLanguageModel(num_classes, emb_size=emb_size, hidden_size=hidden_size,
                              num_layers=num_layers, dropout=dropout, tie_weights=tie_weights)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import register
+from core.errors import check_int_list
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
 
@@ -42,5 +43,7 @@ class Cifar10CNN(nn.Module):
 def cifar10_cnn(num_classes: int = 10, channels: tuple[int, int, int] | list[int] = (32, 32, 64),
                 in_channels: int = 3) -> nn.Module:
     """AdaComp CIFAR10-CNN (three 5x5 conv layers of 32, 32, 64 channels with pooling, one fc)."""
+    check_io(num_classes, in_channels)
+    check_int_list(channels, "model.channels", 3)
     c1, c2, c3 = channels
     return Cifar10CNN(num_classes=num_classes, channels=(c1, c2, c3), in_channels=in_channels)

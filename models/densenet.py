@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models import register
+from core.errors import check_int, check_int_list, check_number
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
 
@@ -85,5 +86,9 @@ def densenet(num_classes: int = 10, growth_rate: int = 12,
              blocks: tuple[int, ...] | list[int] = (6, 12, 24, 16), compression: float = 0.5,
              in_channels: int = 3) -> nn.Module:
     """DenseNet-BC for CIFAR (growth rate 12, blocks 6-12-24-16, compression 0.5 by default)."""
+    check_io(num_classes, in_channels)
+    check_int(growth_rate, "model.growth_rate", 1)
+    check_int_list(blocks, "model.blocks", 4)
+    check_number(compression, "model.compression", 0, 1, low_open=True)
     return DenseNet(num_classes=num_classes, growth_rate=growth_rate, blocks=tuple(blocks),
                     compression=compression, in_channels=in_channels)

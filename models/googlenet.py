@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import register
+from core.errors import check_int
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
 
@@ -81,4 +82,6 @@ class GoogLeNet(nn.Module):
 @register("googlenet")
 def googlenet(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> nn.Module:
     """GoogLeNet, CIFAR variant (3x3 192-channel stem, inception 3a-5b, no auxiliary heads)."""
+    check_io(num_classes, in_channels)
+    check_int(width, "model.width", 1)
     return GoogLeNet(num_classes=num_classes, in_channels=in_channels, width=width)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import register
+from core.errors import ConfigError, check_bool, check_int, check_number
+from models import check_io, register
 
 INPUT = {"kind": "tokens"}
 
@@ -28,11 +29,7 @@ class LSTMLanguageModel(nn.Module):
     def __init__(self, num_classes: int, emb_size: int = 650, hidden_size: int = 650,
                  num_layers: int = 2, dropout: float = 0.5, tie_weights: bool = True) -> None:
         super().__init__()
-        if tie_weights and emb_size != hidden_size:
-            raise ValueError(
-                f"model.tie_weights needs model.emb_size == model.hidden_size "
-                f"(got emb_size={emb_size}, hidden_size={hidden_size})"
-            )
+        check_lstm(num_classes, emb_size, hidden_size, num_layers, dropout, tie_weights)
         self.num_layers, self.hidden_size = num_layers, hidden_size
         self.encoder = nn.Embedding(num_classes, emb_size)
         self.drop = nn.Dropout(dropout)
@@ -59,6 +56,19 @@ class LSTMLanguageModel(nn.Module):
             hidden = self.init_hidden(x.size(0), x.device)
         out, hidden = self.rnn(self.drop(self.encoder(x)), hidden)
         return self.decoder(self.drop(out)), hidden
+
+
+def check_lstm(num_classes: int, emb_size: int, hidden_size: int, num_layers: int,
+               dropout: float, tie_weights: bool) -> None:
+    """ConfigError naming the ``model.*`` key that an LSTM language model cannot take."""
+    check_io(num_classes)
+    for field, value in (("emb_size", emb_size), ("hidden_size", hidden_size),
+                         ("num_layers", num_layers)):
+        check_int(value, f"model.{field}", 1)
+    check_number(dropout, "model.dropout", 0, 1, high_open=True)
+    if check_bool(tie_weights, "model.tie_weights") and emb_size != hidden_size:
+        raise ConfigError(f"model.tie_weights needs model.emb_size == model.hidden_size (got "
+                          f"emb_size={emb_size}, hidden_size={hidden_size})")
 
 
 @register("lstm")

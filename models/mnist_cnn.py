@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import register
+from core.errors import check_int, check_int_list
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (1, 28, 28)}
 
@@ -41,6 +42,10 @@ class MnistCNN(nn.Module):
 def mnist_cnn(num_classes: int = 10, channels: tuple[int, int] | list[int] = (20, 50),
               hidden: int = 500, in_channels: int = 1, image_size: int = 28) -> nn.Module:
     """AdaComp MNIST-CNN (LeNet-like: two 5x5 conv + pool stages, fc ``hidden``, fc classes)."""
+    check_io(num_classes, in_channels)
+    check_int_list(channels, "model.channels", 2)
+    check_int(hidden, "model.hidden", 1)
+    check_int(image_size, "model.image_size", 16)  # two 5x5 convs and 2x2 pools leave >= 1x1
     c1, c2 = channels
     return MnistCNN(num_classes=num_classes, channels=(c1, c2), hidden=hidden,
                     in_channels=in_channels, image_size=image_size)

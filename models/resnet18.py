@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models import register
+from core.errors import check_int
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
 
@@ -70,4 +71,6 @@ class ResNet18(nn.Module):
 @register("resnet18")
 def resnet18(num_classes: int = 10, width: int = 64, in_channels: int = 3) -> nn.Module:
     """ResNet-18, CIFAR variant (3x3 stem, no max-pool)."""
+    check_io(num_classes, in_channels)
+    check_int(width, "model.width", 1)
     return ResNet18(num_classes=num_classes, width=width, in_channels=in_channels)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from torch import nn
 from torchvision import models as tvm
 
-from models import register
+from core.errors import check_bool
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 224, 224)}
 
@@ -21,6 +22,8 @@ INPUT = {"kind": "image", "shape": (3, 224, 224)}
 def resnet50(num_classes: int = 1000, zero_init_residual: bool = False,
              in_channels: int = 3) -> nn.Module:
     """torchvision ResNet-50, randomly initialised; ``in_channels`` replaces the stem conv."""
+    check_io(num_classes, in_channels)
+    check_bool(zero_init_residual, "model.zero_init_residual")
     model = tvm.resnet50(weights=None, num_classes=num_classes,
                          zero_init_residual=zero_init_residual)
     if in_channels != 3:

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models import register
+from core.errors import check_int
+from models import check_io, register
 from models.resnet18 import ResNet18
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
@@ -65,5 +66,8 @@ class PreActSEBlock(nn.Module):
 def senet18(num_classes: int = 10, reduction: int = 16, in_channels: int = 3, width: int = 64
             ) -> nn.Module:
     """Pre-activation SE-ResNet-18, CIFAR variant (SE reduction ``reduction``)."""
+    check_io(num_classes, in_channels)
+    check_int(width, "model.width", 1)
+    check_int(reduction, "model.reduction", 1)  # a squeeze keeps >= 1 channel (SqueezeExcite)
     block = partial(PreActSEBlock, reduction=reduction)
     return ResNet18(num_classes=num_classes, width=width, in_channels=in_channels, block=block)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import register
+from core.errors import check_choice, check_int
+from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
 
@@ -82,9 +83,8 @@ class VGG19BN(nn.Module):
 def vgg19bn(num_classes: int = 10, classifier: str = "cifar10", in_channels: int = 3,
             width: int = 64) -> nn.Module:
     """VGG-19-BN for CIFAR; ``classifier`` picks the authors' "cifar10" or "cifar100" head."""
-    if classifier not in _HIDDEN:
-        raise ValueError(
-            f"model.classifier: unknown VGG head {classifier!r}; choose one of {sorted(_HIDDEN)}"
-        )
+    check_io(num_classes, in_channels)
+    check_choice(classifier, "model.classifier", tuple(sorted(_HIDDEN)))
+    check_int(width, "model.width", 1)
     return VGG19BN(num_classes=num_classes, hidden=_HIDDEN[classifier], in_channels=in_channels,
                    final_dropout=classifier == "cifar100", width=width)

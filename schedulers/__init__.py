@@ -7,6 +7,7 @@ compression level of every layer (through the hook state's ``set_levels``) befor
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,14 @@ def available() -> list[str]:
 
 def build(cfg: Any) -> Scheduler:
     """The scheduler of the ``scheduler`` config node; bad values raise a ConfigError."""
-    if cfg.name not in available():
-        raise ConfigError(f"scheduler.name: unknown scheduler {cfg.name!r}; choose one of "
+    name = cfg.get("name")
+    if name not in available():
+        raise ConfigError(f"scheduler.name: unknown scheduler {name!r}; choose one of "
                           f"{available()}")
-    return _REGISTRY[cfg.name](**{k: v for k, v in cfg.items() if k != "name"})
+    params = {k: v for k, v in cfg.items() if k != "name"}
+    allowed = [p for p in inspect.signature(_REGISTRY[name]).parameters if p != "self"]
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(f"scheduler.{key}: unknown key for scheduler {name!r}; expected "
+                              f"{allowed or 'none'}")
+    return _REGISTRY[name](**params)

@@ -12,7 +12,8 @@ local gradient summed over epoch e, logged as ``grad_norm/<layer>``):
 - epochs 0 .. interval (inclusive) are critical for every layer;
 - at the end of every check epoch e (e >= interval, e % interval == 0), a layer's epochs
   e+1 .. e+interval are critical iff | ||Delta_{e-interval}|| - ||Delta_e|| | /
-  ||Delta_{e-interval}|| >= eta (a previous norm of 0 counts as critical);
+  ||Delta_{e-interval}|| >= eta (a previous norm of 0 counts as critical, and so does a NaN
+  ratio, from a norm that is inf or NaN: the authors' ``ratio < eta`` test is false for NaN);
 - if the LR of epoch e+1 is below that of epoch e, every layer is critical from epoch e+1 through
   the next multiple of interval (inclusive); the norm rule decides again after that.
 
@@ -23,6 +24,7 @@ statistic and broadcasts its choice). The LRs are the schedule's (before any bat
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -30,15 +32,16 @@ from typing import Any
 import compression
 from compression.base import Compressor
 from compression.hook import HookState
-from core.errors import ConfigError, check_int
+from core.errors import ConfigError, check_int, check_number
 from schedulers import register
 from schedulers.base import Scheduler
 
+log = logging.getLogger(__name__)
+
 
 def check_detector(eta: Any, interval: Any) -> None:
-    """ConfigError unless eta > 0 and interval is an integer >= 1."""
-    if isinstance(eta, bool) or not isinstance(eta, int | float) or not eta > 0:
-        raise ConfigError(f"scheduler.eta: expected a number > 0, got {eta!r}")
+    """ConfigError unless eta is a (finite) number > 0 and interval an integer >= 1."""
+    check_number(eta, "scheduler.eta", 0, low_open=True)
     check_int(interval, "scheduler.interval", 1)
 
 
@@ -53,6 +56,12 @@ def relative_change(prev: float, curr: float) -> float:
     A previous norm of 0 gives inf: it counts as critical, as in the authors' code.
     """
     return abs(prev - curr) / prev if prev != 0 else math.inf
+
+
+def is_critical(ratio: float, eta: float) -> bool:
+    """Algorithm 1's test, ratio >= eta, written as the authors' code decides: not ratio < eta,
+    so that a NaN ratio (a norm that overflowed or is NaN) is critical (logged by the caller)."""
+    return not ratio < eta
 
 
 def replay(norms: Sequence[dict[str, float]], lrs: Sequence[float], eta: float = 0.5,
@@ -79,7 +88,8 @@ def replay(norms: Sequence[dict[str, float]], lrs: Sequence[float], eta: float =
         if is_check_epoch(epoch, interval):  # Algorithm 1: compare Delta_{e-interval}, Delta_e
             before, now = norms[epoch - interval], norms[epoch]
             for n in names:
-                if relative_change(_norm(before, n, epoch - interval), _norm(now, n, epoch)) >= eta:
+                ratio = relative_change(_norm(before, n, epoch - interval), _norm(now, n, epoch))
+                if is_critical(ratio, eta):
                     critical_until[n] = epoch + interval
         if lrs[epoch + 1] < lr:  # Algorithm 1: gamma_next < gamma_curr
             last = math.ceil((epoch + 1) / interval) * interval  # next multiple, inclusive
@@ -124,11 +134,17 @@ class History:
         return replay(self.norms[:epoch], lrs, self.eta, self.interval, layers)[epoch]
 
     def ratios(self, epoch: int, layers: Iterable[str]) -> dict[str, float]:
-        """Algorithm 1's statistic per layer at the end of a check epoch ({} otherwise)."""
+        """Algorithm 1's statistic per layer at the end of a check epoch ({} otherwise); a NaN
+        one (critical, see :func:`is_critical`) is also logged as a warning."""
         if not is_check_epoch(epoch, self.interval):
             return {}
         before, now = self.norms[epoch - self.interval], self.norms[epoch]
-        return {n: relative_change(before[n], now[n]) for n in layers}
+        ratios = {n: relative_change(before[n], now[n]) for n in layers}
+        nan = [n for n, r in ratios.items() if math.isnan(r)]
+        if nan:
+            log.warning("accordion: NaN ratio at epoch %d for %s (norms %s -> %s): critical",
+                        epoch, ", ".join(nan), [before[n] for n in nan], [now[n] for n in nan])
+        return ratios
 
     def decisions(self) -> list[dict[str, bool]]:
         """Every decision the history implies: epochs 0 .. len(norms)."""

@@ -76,6 +76,10 @@ class AccordionBatch(Scheduler):
         """Algorithm 1: ``batch_low`` in a critical regime, else ``batch_high``."""
         return self.batch_low if self.critical(epoch) else self.batch_high
 
+    def batch_sizes(self, default: int) -> dict[str, int]:
+        """``batch_low`` and ``batch_high``."""
+        return {"scheduler.batch_low": self.batch_low, "scheduler.batch_high": self.batch_high}
+
     def lr_scale(self, epoch: int) -> float:
         """The LR multiplier of ``epoch``'s batch, relative to ``batch_low``."""
         return lr_factor(self.batch_size(epoch, self.batch_low), self.batch_low, self.lr_scaling)

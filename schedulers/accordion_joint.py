@@ -43,6 +43,10 @@ class AccordionJoint(Scheduler):
         """The batch part's decision."""
         return self.batch.batch_size(epoch, default)
 
+    def batch_sizes(self, default: int) -> dict[str, int]:
+        """The batch part's batches."""
+        return self.batch.batch_sizes(default)
+
     def lr_scale(self, epoch: int) -> float:
         """The batch part's LR multiplier."""
         return self.batch.lr_scale(epoch)

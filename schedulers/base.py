@@ -38,6 +38,11 @@ class Scheduler:
         """The global batch of ``epoch`` (``default`` = ``trainer.batch_size``)."""
         return default
 
+    def batch_sizes(self, default: int) -> dict[str, int]:
+        """Every global batch :meth:`batch_size` may return, by the config field that sets it
+        (checked against the data before the run starts)."""
+        return {"trainer.batch_size": default}
+
     def lr_scale(self, epoch: int) -> float:
         """Multiplier on the schedule's LR in ``epoch`` (batch-size scaling)."""
         return 1.0

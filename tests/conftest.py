@@ -61,16 +61,23 @@ def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``gpu`` where no CUDA device is present."""
-    import torch
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--stress", action="store_true",
+                     help="also run the tests marked stress (`make stress`)")
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` where no CUDA device is present, and those marked ``stress``
+    without ``--stress``."""
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA device")
+    if not config.getoption("--stress"):
+        skips["stress"] = pytest.mark.skip(reason="runs with --stress (make stress)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 # ---- compressors: simulated gradients, AdaComp's reference (test_compression.py and

@@ -9,6 +9,7 @@ continues bit for bit (on CPU) as if it had never stopped.
 from __future__ import annotations
 
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from compression import HookState
 from core import record
 from core.errors import ConfigError
 from schedulers import Scheduler
+from training import runs
 
 
 def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.nn.Module,
@@ -50,11 +52,7 @@ def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.n
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          hook_state: HookState, scheduler: Scheduler) -> tuple[int, float]:
     """Restore a checkpoint on this rank; returns (first epoch to run, elapsed seconds)."""
-    ckpt = record.load_checkpoint(path)
-    world_size = dist.get_world_size()
-    if ckpt["world_size"] != world_size:
-        raise ConfigError(f"resume: {path} was written by {ckpt['world_size']} ranks; resume it "
-                          f"with the same number, not {world_size}")
+    ckpt = record.load_checkpoint(path)  # checked before the group started (check_resumable)
     device = next(model.parameters()).device
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
@@ -79,6 +77,86 @@ def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+# Config keys that do not change a run's results: a resumed run may differ from its checkpoint
+# in these (a key names itself and everything under it), and may run more epochs.
+RESULT_NEUTRAL = (*runs.RUNTIME_KEYS, "trainer.epochs")
+KEYS = ("epoch", "elapsed_s", "world_size", "model", "optimizer", "scheduler", "per_rank", "config")
+
+
+def check_resumable(run_dir: Path, cfg: Any, world_size: int) -> int:
+    """Before any process group starts: ConfigError (one line) unless ``run_dir``'s checkpoint
+    can continue ``cfg`` on ``world_size`` ranks; returns the epoch it continues from.
+
+    Checked: the file is a whole checkpoint (its zip records pass their CRC checks: a truncated,
+    overwritten or bit-flipped file is refused), it was written by as many ranks, by a config
+    that differs from ``cfg`` in no key that changes results (:func:`config_difference`), and
+    ``metrics.jsonl`` holds every epoch it covers.
+    """
+    path = run_dir / record.CHECKPOINT
+    if not path.is_file():
+        raise ConfigError(f"resume: no {record.CHECKPOINT} in {run_dir}; pass the run's "
+                          f"directory as hydra.run.dir=<dir> to resume it")
+    ckpt = _read_whole(path)
+    if ckpt["world_size"] != world_size:
+        raise ConfigError(f"resume: {path} was written by {ckpt['world_size']} ranks; resume it "
+                          f"with the same number, not {world_size}")
+    differ = config_difference(ckpt["config"], OmegaConf.to_container(cfg, resolve=True))
+    if differ is not None:
+        raise ConfigError(f"resume: {differ}: {path} is another config's run; resume with its "
+                          f"values, or start this config in another directory")
+    epoch = int(ckpt["epoch"])
+    rows = len(record.read_metrics(run_dir / record.METRICS))
+    if rows < epoch:
+        raise ConfigError(f"resume: {run_dir / record.METRICS} holds {rows} complete epochs but "
+                          f"{path} continues from epoch {epoch}; the record has lost epochs")
+    return epoch
+
+
+def config_difference(saved: dict[str, Any], current: dict[str, Any],
+                      neutral: tuple[str, ...] = RESULT_NEUTRAL) -> str | None:
+    """The first key (in ``current``'s order, then ``saved``'s) whose value differs between two
+    resolved configs, other than the ``neutral`` ones, as "key: <saved> in the checkpoint,
+    <current> now"; None if they agree."""
+    a, b = _flatten(saved), _flatten(current)
+    for key in dict.fromkeys([*b, *a]):
+        if any(key == n or key.startswith(n + ".") for n in neutral):
+            continue
+        if key not in a or key not in b or a[key] != b[key]:
+            return (f"{key}: {a.get(key, '(absent)')!r} in the checkpoint, "
+                    f"{b.get(key, '(absent)')!r} now")
+    return None
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        return {k: v for key, value in node.items()
+                for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def _read_whole(path: Path) -> dict[str, Any]:
+    """The checkpoint's contents (tensors memory-mapped, not read), after checking every record
+    of the file against its CRC; ConfigError naming the file if it is not a whole checkpoint."""
+    hint = "restore it from a copy, or start the run over with resume=false"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+        if bad is not None:
+            raise ConfigError(f"resume: {path} is corrupt (its record {bad} fails its CRC "
+                              f"check); {hint}")
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (zipfile, pickle and torch raise many types)
+        raise ConfigError(f"resume: {path} is not a readable checkpoint (truncated or "
+                          f"corrupt: {' '.join(str(exc).split())[:120]}); {hint}") from exc
+    missing = [k for k in KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise ConfigError(f"resume: {path} is not a checkpoint of this suite (no "
+                          f"{', '.join(missing)}); {hint}")
+    return ckpt
 
 
 def _rng_state() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from core import lr
-from core.errors import ConfigError, check_bool, check_choice
+from core.errors import ConfigError, check_bool, check_choice, check_number
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -23,10 +23,8 @@ def check(cfg: Any) -> None:
     check_choice(cfg.name, "optimizer.name", OPTIMIZERS)
     lr.check(cfg)
     if cfg.name == "sgd":
-        if not 0 <= _number(cfg.momentum, "optimizer.momentum") < 1:
-            raise ConfigError(f"optimizer.momentum: expected 0 <= momentum < 1, got "
-                              f"{cfg.momentum}")
-        if check_bool(cfg.nesterov, "optimizer.nesterov") and not cfg.momentum > 0:
+        momentum = check_number(cfg.momentum, "optimizer.momentum", 0, 1, high_open=True)
+        if check_bool(cfg.nesterov, "optimizer.nesterov") and momentum == 0:
             raise ConfigError("optimizer.nesterov: Nesterov momentum needs optimizer.momentum "
                               "> 0")
         return
@@ -34,8 +32,7 @@ def check(cfg: Any) -> None:
     if not (isinstance(betas, list) and len(betas) == 2
             and all(0 <= _number(b, "optimizer.betas") < 1 for b in betas)):
         raise ConfigError(f"optimizer.betas: expected two numbers in [0, 1), got {cfg.betas}")
-    if not _number(cfg.eps, "optimizer.eps") > 0:
-        raise ConfigError(f"optimizer.eps: expected a number > 0, got {cfg.eps}")
+    check_number(cfg.eps, "optimizer.eps", 0, low_open=True)
 
 
 def build(cfg: Any, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:

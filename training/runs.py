@@ -38,8 +38,9 @@ from core.errors import ConfigError
 
 IDENTITY = "config.yaml"
 FAILED_DIR = "failed"
-# Settings that do not change a run's results: a relaunch may differ in them.
-RUNTIME_KEYS = ("resume", "runs_root", "logger", "trainer.progress", "trainer.num_workers",
+# Settings that do not change a run's results: a relaunch may differ in them. (Not
+# trainer.num_workers: DataLoader workers draw the augmentations from seeds of their own.)
+RUNTIME_KEYS = ("resume", "name", "runs_root", "logger", "trainer.progress",
                 "trainer.dist_timeout_s", "dataset.root", "dataset.download")
 INTERRUPTIONS = ("failed: SystemExit", "failed: KeyboardInterrupt")
 

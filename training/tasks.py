@@ -67,9 +67,7 @@ class Classification(Task):
         """Use global batch ``batch_size`` from the next epoch on (rebuilds the loader)."""
         if batch_size == self.batch_size:
             return
-        if len(self.train) < batch_size:  # type: ignore[arg-type]
-            raise ConfigError(f"trainer.batch_size: {batch_size} is larger than the training set "
-                              f"({len(self.train)} examples)")  # type: ignore[arg-type]
+        _check_examples(len(self.train), batch_size, "trainer.batch_size")  # type: ignore[arg-type]
         self.batch_size = batch_size
         self.train_loader = DataLoader(self.train, batch_size // self.env.world_size,
                                        sampler=self.sampler, num_workers=self.num_workers,
@@ -147,10 +145,8 @@ class LanguageModel(Task):
                                         "trainer.batch_size")
 
     def _batchify(self, stream: torch.Tensor, columns: int, field: str) -> torch.Tensor:
+        _check_columns(len(stream), columns, field)
         rows = len(stream) // columns
-        if rows < 2:
-            raise ConfigError(f"{field}: {columns} sequences per rank leave fewer than 2 tokens "
-                              f"per sequence of a {len(stream)}-token shard")
         # Standard recipe: drop the tail, lay the stream out as `columns` parallel sequences.
         return stream[: rows * columns].view(columns, rows).to(self.device)
 
@@ -199,6 +195,33 @@ class LanguageModel(Task):
         """``test/loss`` per token and ``test/perplexity`` from the totals of every shard."""
         loss = totals[0].item() / totals[1].item()
         return {"test/loss": loss, "test/perplexity": math.exp(min(loss, 700.0))}
+
+
+def check_batches(bundle: DataBundle, batch_sizes: dict[str, int], eval_batch_size: int,
+                  world_size: int) -> None:
+    """ConfigError naming the field if a global batch the run may use (``batch_sizes``: field
+    to size) or the per-rank evaluation batch does not fit the data: checked before the process
+    group starts, not when a scheduler first switches to the batch."""
+    if bundle.task == "language_model":
+        train, test = len(bundle.train) // world_size, len(bundle.test) // world_size
+        for field, size in batch_sizes.items():
+            _check_columns(train, size // world_size, field)
+        _check_columns(test, eval_batch_size, "trainer.eval_batch_size")
+        return
+    for field, size in batch_sizes.items():
+        _check_examples(len(bundle.train), size, field)  # type: ignore[arg-type]
+
+
+def _check_examples(examples: int, batch_size: int, field: str) -> None:
+    if examples < batch_size:
+        raise ConfigError(f"{field}: {batch_size} is larger than the training set ({examples} "
+                          f"examples)")
+
+
+def _check_columns(tokens: int, columns: int, field: str) -> None:
+    if tokens // columns < 2:
+        raise ConfigError(f"{field}: {columns} sequences per rank leave fewer than 2 tokens per "
+                          f"sequence of a {tokens}-token shard")
 
 
 def make_task(bundle: DataBundle, env: DistEnv, cfg: Any, device: torch.device
