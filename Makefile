@@ -24,9 +24,13 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
 
+# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale
+# on 2 CPU ranks, then analysis/claims_<name>.py -> results/claims/<name>/{<name>.png,table.md}
+CLAIMS := residues fig2b overlap batch
+
 .PHONY: install demo test test-fast lint clean stress report bench-compressors bench-e2e bench-tta plan \
-	dashboard reproduce-all \
-	$(addprefix reproduce-,$(SWEEPS))
+	dashboard reproduce-all claims \
+	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -43,6 +47,13 @@ $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/s
 	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
+
+$(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
+	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \
+		runs_root=$(RUNS) $(ONLY); status=$$?; $(PY) -m analysis.claims_$* $(RUNS) --scale tiny; \
+		exit $$status
+
+claims: $(addprefix claim-,$(CLAIMS)) ## every claim sweep, one after another
 
 plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
 	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true

@@ -111,7 +111,8 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     task = make_task(bundle, env, cfg, device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=float(t.bucket_cap_mb))
-    hook_state = compression.build(cfg.compressor, model.named_parameters())
+    hook_state = compression.build(cfg.compressor, model.named_parameters(),
+                                   overlap=compression.overlap.from_config(cfg.observe))
     ddp.register_comm_hook(hook_state, comm_hook)
     scheduler = schedulers.build(cfg.scheduler)
     o = cfg.optimizer
@@ -136,7 +137,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             for group in optimizer.param_groups:
                 group["lr"] = lr
             row.update({"lr": lr, "batch_size": batch_size})
-            hook_state.reset_epoch()
+            hook_state.reset_epoch(epoch)
 
             # ---- train one epoch: the comm hook aggregates (and compresses) in backward -------
             epoch_start = time.perf_counter()

@@ -10,6 +10,9 @@ For every bucket DDP hands over (while the backward pass goes on), :func:`comm_h
    elsewhere it is a float64 sum of Delta_e, read without a device sync at the epoch's end,
 2. runs :func:`aggregate_bucket`: the tensors with ndim <= 1 (biases, norm layers) go
    uncompressed in one all-reduce, the matrix-shaped layers through the compressor, and
+   On the steps that ``observe.overlap_epochs`` chooses, an :class:`~compression.overlap.
+   OverlapProbe` first gathers every worker's local gradients of the bucket and measures the
+   overlap of their top-k supports (Accordion's Fig. 4a; :mod:`compression.overlap`),
 3. counts the bits this worker put into its messages (in all, and for the compressed layers by
    type: conv kernels, FC/LSTM matrices) and the time spent compressing and decompressing
    (compute only, not the wait for the network).
@@ -38,6 +41,7 @@ from torch.futures import Future
 from compression import _grad_sum_kernel
 from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, GroupComm, Pending, Steps, Timer, drive
+from compression.overlap import OverlapProbe
 from core.errors import ConfigError
 
 FP32_BITS = 32
@@ -78,8 +82,9 @@ class HookState:
 
     def __init__(self, compressor: Compressor, named_parameters: Iterable[tuple[str, nn.Parameter]],
                  group: ProcessGroup | None = None, comm: Comm | None = None,
-                 track_norms: bool = True) -> None:
+                 track_norms: bool = True, overlap: OverlapProbe | None = None) -> None:
         self.compressor = compressor
+        self.overlap = overlap  # the top-k support overlap, at chosen epochs (None: off)
         self.comm = comm or GroupComm(group)  # a SimComm for simulated workers
         self.world_size = self.comm.world_size
         self.track_norms = track_norms  # keep Delta_e (simulated workers: only worker 0)
@@ -94,6 +99,7 @@ class HookState:
         self._compressed = set(self.compressed_layers())
         self.grad_sums: dict[str, torch.Tensor] = {}
         self.step = 0  # synchronized steps (hook calls on a last bucket) in this epoch
+        self.epoch = 0  # the epoch being trained (reset_epoch's)
         self._nonfinite: tuple[int, list[str]] | None = None
         self._sums: list[tuple[int, str, torch.Tensor]] = []  # sums to check (no kernel, CUDA)
         self.timer = Timer()
@@ -122,8 +128,13 @@ class HookState:
                                       self.compressor.validate_level(level, f"level/{name}"))
 
     # ---- accounting ---------------------------------------------------------------------
-    def reset_epoch(self) -> None:
-        """Start a new epoch's sums: bits, time, and each layer's Delta_e."""
+    def reset_epoch(self, epoch: int | None = None) -> None:
+        """Start a new epoch's sums: bits, time, and each layer's Delta_e (``epoch``: the epoch
+        about to be trained, for the measurements taken at chosen epochs)."""
+        if epoch is not None:
+            self.epoch = epoch
+        if self.overlap is not None:
+            self.overlap.reset()
         self.bits = 0
         self.wire_bits = 0
         self.bits_dense = 0
@@ -155,8 +166,9 @@ class HookState:
 
     def epoch_stats(self) -> dict[str, float]:
         """The epoch's metrics: ``comm/*``, ``time/compress_s``, ``level/*``, ``grad_norm/*``,
-        ``sent_fraction/*`` (sparsifiers: the elements sent over those offered) and the
-        compressor's own per-layer ``layer_stats``."""
+        ``sent_fraction/*`` (sparsifiers: the elements sent over those offered), the
+        compressor's own per-layer ``layer_stats`` and, on measured epochs, ``overlap/*`` and
+        ``overlap_batch/*`` (:mod:`compression.overlap`)."""
         stats: dict[str, float] = {
             "comm/bits": float(self.bits),
             "comm/wire_bits": float(self.wire_bits),
@@ -174,6 +186,8 @@ class HookState:
             stats[f"sent_fraction/{name}"] = sent / offered
         for name, g in self.grad_norms().items():
             stats[f"grad_norm/{name}"] = g
+        if self.overlap is not None:
+            stats.update(self.overlap.stats())
         return stats
 
     def grad_norms(self) -> dict[str, float]:
@@ -225,7 +239,9 @@ class HookState:
             self._accumulate(names, grads)
         self.bits_dense += FP32_BITS * buffer.numel()
         dense, layers, compressed = self.split(names, grads, buffer)
-        steps = self._bucket_steps(self._previous, dense, layers, compressed, buffer)
+        observe = self.overlap is not None and self.overlap.active(self.epoch, self.step)
+        steps = self._bucket_steps(self._previous, dense, layers, compressed, buffer,
+                                   (names, grads) if observe else None)
         self._previous = drive(steps, self.timer)
         return self._previous
 
@@ -247,8 +263,13 @@ class HookState:
                 self._note_nonfinite(self.step, name)
 
     def _bucket_steps(self, previous: Future, dense: list[torch.Tensor], layers: list[Layer],
-                      grads: list[torch.Tensor], buffer: torch.Tensor) -> Steps[torch.Tensor]:
+                      grads: list[torch.Tensor], buffer: torch.Tensor,
+                      observed: tuple[list[str], list[torch.Tensor]] | None = None
+                      ) -> Steps[torch.Tensor]:
         yield Pending(previous)  # start this bucket's collectives after the previous bucket's
+        if observed is not None:  # before the compressor overwrites the gradients
+            assert self.overlap is not None
+            yield from self.overlap.measure(*observed, self.comm)
         sent = yield from aggregate_bucket(self.compressor, dense, layers, grads, self.comm)
         self.bits += sum(s.bits for s in sent)
         self.wire_bits += sum(s.wire_bits for s in sent)

@@ -68,6 +68,7 @@ def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
         model = OmegaConf.merge(model, {"num_classes": 2})  # the data's files will tell
     models.check(model)
     compressor = compression.build_compressor(cfg.compressor)
+    compression.overlap.from_config(cfg.observe)
     schedulers.build(cfg.scheduler).validate(compressor, cfg.trainer.batch_size, world_size)
     wandb_logger.check(cfg.logger)
     if cfg.variant not in cfg.variants:

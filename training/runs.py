@@ -41,7 +41,7 @@ FAILED_DIR = "failed"
 # Settings that do not change a run's results: a relaunch may differ in them. (Not
 # trainer.num_workers: DataLoader workers draw the augmentations from seeds of their own.)
 RUNTIME_KEYS = ("resume", "name", "runs_root", "logger", "trainer.progress",
-                "trainer.dist_timeout_s", "dataset.root", "dataset.download")
+                "trainer.dist_timeout_s", "dataset.root", "dataset.download", "observe")
 INTERRUPTIONS = ("failed: SystemExit", "failed: KeyboardInterrupt")
 
 

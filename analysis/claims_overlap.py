@@ -1,0 +1,94 @@
+"""Accordion Fig. 4a: the overlap of the top-10% coordinates of gradients over training.
+
+    python -m analysis.claims_overlap [RUNS] [--out results/claims/overlap]
+
+From the runs of conf/sweep/claim_overlap.yaml (``observe.overlap_epochs``: every epoch): per
+run and epoch, the overlap of the two workers' top-10% supports (``overlap/<layer>``) and of each
+worker's with the global batch's (``overlap_batch/<layer>``; compression/overlap.py), as the
+mean over the matrix-shaped layers and the lowest layer's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from analysis.claims import layer_columns, main, markdown
+from analysis.load import Frames
+
+NAME, SWEEP = "overlap", "claim_overlap"
+PAPER = 0.9  # Agarwal et al. Fig. 4a: "more than 90%"
+KINDS = {"overlap": "worker vs worker", "overlap_batch": "worker vs global batch"}
+
+
+def data(frames: Frames) -> pd.DataFrame:
+    """One row per run, epoch and kind: ``batch`` (global), ``top`` (k/n), ``kind``,
+    ``mean`` and ``min`` over the layers, ``layers`` (how many)."""
+    epochs = frames.epochs
+    runs = frames.runs.set_index("run_id")
+    rows = []
+    for prefix, kind in KINDS.items():
+        columns = layer_columns(epochs, prefix)
+        measured = epochs[epochs[columns].notna().any(axis=1)] if columns else epochs.iloc[:0]
+        for _, row in measured.iterrows():
+            values = row[columns].dropna()
+            rows.append({"run_id": row["run_id"], "batch": int(row["batch_size"]),
+                         "top": runs.loc[row["run_id"], "observe.overlap_top"],
+                         "seed": runs.loc[row["run_id"], "seed"], "epoch": int(row["epoch"]),
+                         "kind": kind, "mean": values.mean(), "min": values.min(),
+                         "layers": len(values)})
+    return pd.DataFrame(rows).sort_values(["batch", "kind", "seed", "epoch"]).reset_index(
+        drop=True)
+
+
+def plot(frames: Frames) -> plt.Figure:
+    """Mean (line) and lowest-layer (dotted) overlap per epoch; a panel per global batch."""
+    points = data(frames)
+    batches = sorted(points["batch"].unique())
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.5 * len(batches), 3.4), sharey=True,
+                             squeeze=False)
+    colours = dict(zip(KINDS.values(), ("tab:blue", "tab:orange"), strict=True))
+    for ax, batch in zip(axes[0], batches, strict=True):
+        for (kind, _), run in points[points["batch"] == batch].groupby(["kind", "seed"]):
+            ax.plot(run["epoch"], run["mean"], marker="o", ms=3, color=colours[kind],
+                    label=f"{kind}: layer mean")
+            ax.plot(run["epoch"], run["min"], ls=":", color=colours[kind],
+                    label=f"{kind}: lowest layer")
+        ax.axhline(PAPER, color="grey", ls="--", lw=1, label="paper: > 0.9")
+        ax.axhline(points["top"].iloc[0], color="grey", ls="-.", lw=1,
+                   label="chance (independent supports)")
+        ax.set_title(f"global batch {batch} ({batch // 2} per worker)")
+        ax.set_xlabel("epoch")
+        ax.set_ylim(0, 1.02)
+    axes[0, 0].set_ylabel("top-10% support overlap")
+    axes[0, -1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Top-10% coordinates of gradients: overlap over training (Agarwal et al. "
+                 "Fig. 4a)")
+    fig.tight_layout()
+    return fig
+
+
+def table(frames: Frames) -> str:
+    """Per global batch and kind: the layer-mean overlap at the first and last measured epoch,
+    its mean over epochs, the lowest layer's, and the share of (layer, epoch) values > 0.9."""
+    points = data(frames)
+    epochs = frames.epochs
+    rows = []
+    for (batch, kind, seed), run in points.groupby(["batch", "kind", "seed"]):
+        prefix = [p for p, k in KINDS.items() if k == kind][0]
+        cells = epochs.loc[epochs["run_id"] == run["run_id"].iloc[0],
+                           layer_columns(epochs, prefix)].stack()
+        rows.append({"global batch": batch, "pair": kind, "seed": seed,
+                     "layer mean, first epoch": f"{run['mean'].iloc[0]:.3f}",
+                     "layer mean, last epoch": f"{run['mean'].iloc[-1]:.3f}",
+                     "layer mean, all epochs": f"{run['mean'].mean():.3f}",
+                     "lowest layer": f"{run['min'].min():.3f}",
+                     "share > 0.9": f"{(cells > PAPER).mean():.2f}",
+                     "layers": int(run["layers"].iloc[0])})
+    return markdown(pd.DataFrame(rows))
+
+
+if __name__ == "__main__":
+    main(NAME, SWEEP, plot, table, sys.argv[1:])
