@@ -19,7 +19,9 @@ compression or error feedback); (1/W) sum_v g_v is the gradient of the global ba
 Measuring needs every worker's gradient: on the chosen epochs' first ``steps`` steps the hook
 all-gathers the bucket's matrix-shaped gradients (dense fp32, through the same :class:`~
 compression.comm.Comm` as the compressor, so the order of collectives stays the same on every
-rank); other steps cost nothing. Config: the ``observe`` node of conf/config.yaml, off by default.
+rank); other steps cost nothing. The measuring is compute the hook times, so it shows in
+``time/compress_s`` of the measured epochs. Config: the ``observe`` node of conf/config.yaml, off
+by default; it changes no result (a relaunch or resume may change it).
 """
 
 from __future__ import annotations
