@@ -5,7 +5,8 @@
 From the runs of conf/sweep/claim_overlap.yaml (``observe.overlap_epochs``: every epoch): per
 run and epoch, the overlap of the two workers' top-10% supports (``overlap/<layer>``) and of each
 worker's with the global batch's (``overlap_batch/<layer>``; compression/overlap.py), as the
-mean over the matrix-shaped layers and the lowest layer's.
+mean over the matrix-shaped layers, the lowest layer's, and the whole model's (one top-10% over
+all its matrix-shaped layers: ``overlap_model``, ``overlap_batch_model``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from analysis.load import Frames
 NAME, SWEEP = "overlap", "claim_overlap"
 PAPER = 0.9  # Agarwal et al. Fig. 4a: "more than 90%"
 KINDS = {"overlap": "worker vs worker", "overlap_batch": "worker vs global batch"}
+MODEL = "_model"  # overlap_model, overlap_batch_model: the whole model's
 
 
 def data(frames: Frames) -> pd.DataFrame:
     """One row per run, epoch and kind: ``batch`` (global), ``top`` (k/n), ``kind``,
-    ``mean`` and ``min`` over the layers, ``layers`` (how many)."""
+    ``mean`` and ``min`` over the layers, ``model`` (the whole model's; NaN where not logged),
+    ``layers`` (how many)."""
     epochs = frames.epochs
     runs = frames.runs.set_index("run_id")
     rows = []
@@ -38,13 +41,15 @@ def data(frames: Frames) -> pd.DataFrame:
                          "top": runs.loc[row["run_id"], "observe.overlap_top"],
                          "seed": runs.loc[row["run_id"], "seed"], "epoch": int(row["epoch"]),
                          "kind": kind, "mean": values.mean(), "min": values.min(),
+                         "model": row.get(prefix + MODEL, float("nan")),
                          "layers": len(values)})
     return pd.DataFrame(rows).sort_values(["batch", "kind", "seed", "epoch"]).reset_index(
         drop=True)
 
 
 def plot(frames: Frames) -> plt.Figure:
-    """Mean (line) and lowest-layer (dotted) overlap per epoch; a panel per global batch."""
+    """Mean over layers (line), lowest layer (dotted) and whole model (dashed) overlap per
+    epoch; a panel per global batch."""
     points = data(frames)
     batches = sorted(points["batch"].unique())
     fig, axes = plt.subplots(1, len(batches), figsize=(4.5 * len(batches), 3.4), sharey=True,
@@ -56,7 +61,9 @@ def plot(frames: Frames) -> plt.Figure:
                     label=f"{kind}: layer mean")
             ax.plot(run["epoch"], run["min"], ls=":", color=colours[kind],
                     label=f"{kind}: lowest layer")
-        ax.axhline(PAPER, color="grey", ls="--", lw=1, label="paper: > 0.9")
+            ax.plot(run["epoch"], run["model"], ls="--", marker="s", ms=3, color=colours[kind],
+                    label=f"{kind}: whole model")
+        ax.axhline(PAPER, color="grey", ls="-", lw=1, label="paper: > 0.9")
         ax.axhline(points["top"].iloc[0], color="grey", ls="-.", lw=1,
                    label="chance (independent supports)")
         ax.set_title(f"global batch {batch} ({batch // 2} per worker)")
@@ -72,7 +79,8 @@ def plot(frames: Frames) -> plt.Figure:
 
 def table(frames: Frames) -> str:
     """Per global batch and kind: the layer-mean overlap at the first and last measured epoch,
-    its mean over epochs, the lowest layer's, and the share of (layer, epoch) values > 0.9."""
+    its mean over epochs, the lowest layer's, the share of (layer, epoch) values > 0.9, and the
+    whole model's overlap (mean over epochs)."""
     points = data(frames)
     epochs = frames.epochs
     rows = []
@@ -86,6 +94,7 @@ def table(frames: Frames) -> str:
                      "layer mean, all epochs": f"{run['mean'].mean():.3f}",
                      "lowest layer": f"{run['min'].min():.3f}",
                      "share > 0.9": f"{(cells > PAPER).mean():.2f}",
+                     "whole model, all epochs": f"{run['model'].mean():.3f}",
                      "layers": int(run["layers"].iloc[0])})
     return markdown(pd.DataFrame(rows))
 

@@ -97,6 +97,8 @@ class HookState:
             self.layers[name] = Layer(name, param.shape, level)
             self._name_of[id(param)] = name
         self._compressed = set(self.compressed_layers())
+        if overlap is not None:
+            overlap.expect([n for n, layer in self.layers.items() if len(layer.shape) > 1])
         self.grad_sums: dict[str, torch.Tensor] = {}
         self.step = 0  # synchronized steps (hook calls on a last bucket) in this epoch
         self.epoch = 0  # the epoch being trained (reset_epoch's)

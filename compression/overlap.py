@@ -10,6 +10,8 @@ real data-parallel run, per matrix-shaped layer (ndim > 1), at chosen epochs:
     overlap(a, b) = |S_k(a) & S_k(b)| / k                         in [0, 1]
     overlap/<layer>       = mean over worker pairs w < v of overlap(g_w, g_v)
     overlap_batch/<layer> = mean over workers w of overlap(g_w, (1/W) sum_v g_v)
+    overlap_model, overlap_batch_model: the same for the whole model's gradient (its
+                            matrix-shaped layers concatenated: one top-k over all of them)
 
 g_w is worker w's local gradient of the step (its mini-batch of B/W examples, before any
 compression or error feedback); (1/W) sum_v g_v is the gradient of the global batch B, the
@@ -36,6 +38,7 @@ from compression.comm import Comm, Steps
 from core.errors import ConfigError, check_int, check_ratio
 
 KEYS = ("overlap_epochs", "overlap_top", "overlap_steps")
+MODEL = ""  # the whole model's entry in the sums (no layer is named "")
 
 
 def top_support(x: torch.Tensor, top: float) -> torch.Tensor:
@@ -77,11 +80,18 @@ class OverlapProbe:
         self.epochs = frozenset(epochs)
         self.top = top
         self.steps = steps
+        self.layers: list[str] = []  # the model's matrix-shaped layers, in order (see expect)
         self.reset()
+
+    def expect(self, layers: list[str]) -> None:
+        """The model's matrix-shaped layers: once a step has gathered them all (over its
+        buckets), the whole-model overlap is measured too."""
+        self.layers = list(layers)
 
     def reset(self) -> None:
         """Forget the epoch's sums."""
         self._sums: dict[str, list[float]] = {}  # layer -> [pairs sum, batch sum, count]
+        self._step: dict[str, torch.Tensor] = {}  # this step's gathered (W, n) per layer
 
     def active(self, epoch: int, step: int) -> bool:
         """Whether step ``step`` (0-based) of ``epoch`` is measured."""
@@ -98,21 +108,30 @@ class OverlapProbe:
         parts = (yield comm.all_gather(flat)).view(comm.world_size, -1)
         start = 0
         for name, g in chosen:
-            pairs, batch = layer_overlaps(parts[:, start:start + g.numel()], self.top)
+            self._step[name] = parts[:, start:start + g.numel()]
+            self._add(name, self._step[name])
             start += g.numel()
-            sums = self._sums.setdefault(name, [0.0, 0.0, 0])
-            sums[0] += pairs if pairs is not None else math.nan
-            sums[1] += batch
-            sums[2] += 1
+        if self.layers and all(n in self._step for n in self.layers):  # the step's last bucket
+            self._add(MODEL, torch.cat([self._step.pop(n) for n in self.layers], dim=1))
+
+    def _add(self, name: str, grads: torch.Tensor) -> None:
+        pairs, batch = layer_overlaps(grads, self.top)
+        sums = self._sums.setdefault(name, [0.0, 0.0, 0])
+        sums[0] += pairs if pairs is not None else math.nan
+        sums[1] += batch
+        sums[2] += 1
 
     def stats(self) -> dict[str, float]:
         """``overlap/<layer>`` (worker pairs; not for one worker) and ``overlap_batch/<layer>``,
-        each the mean over the measured steps of this epoch (empty if none was measured)."""
+        ``overlap_model`` and ``overlap_batch_model`` (the whole model), each the mean over the
+        measured steps of this epoch (empty if none was measured)."""
         out: dict[str, float] = {}
         for name, (pairs, batch, count) in self._sums.items():
+            pair_key, batch_key = (("overlap_model", "overlap_batch_model") if name == MODEL
+                                   else (f"overlap/{name}", f"overlap_batch/{name}"))
             if not math.isnan(pairs):
-                out[f"overlap/{name}"] = pairs / count
-            out[f"overlap_batch/{name}"] = batch / count
+                out[pair_key] = pairs / count
+            out[batch_key] = batch / count
         return out
 
 

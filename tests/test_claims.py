@@ -143,12 +143,14 @@ def test_overlap_analysis_averages_layers_per_epoch(tmp_path):
 
     for c in claim_runs("overlap", "method=batch512"):
         rows = [{**base_row(e, 50.0), "overlap/a": 0.5, "overlap/b": 0.7 + 0.1 * e,
-                 "overlap_batch/a": 0.9, "overlap_batch/b": 0.95} for e in range(2)]
+                 "overlap_batch/a": 0.9, "overlap_batch/b": 0.95, "overlap_model": 0.4,
+                 "overlap_batch_model": 0.8 + 0.1 * e} for e in range(2)]
         write_run(tmp_path, c, rows)
     frames = load_sweep(tmp_path, "claim_overlap")
     points = claims_overlap.data(frames)
     pairs = points[points["kind"] == "worker vs worker"]
     assert pairs["mean"].tolist() == pytest.approx([0.6, 0.65])
     assert pairs["min"].tolist() == pytest.approx([0.5, 0.5])
-    assert "| 32 | worker vs global batch | 0 | 0.925 | 0.925 | 0.925 | 0.900 | 0.50 | 2 |" in \
-        claims_overlap.table(frames)
+    assert pairs["model"].tolist() == pytest.approx([0.4, 0.4])
+    assert "| 32 | worker vs global batch | 0 | 0.925 | 0.925 | 0.925 | 0.900 | 0.50 | 0.850 " \
+        "| 2 |" in claims_overlap.table(frames)

@@ -88,6 +88,13 @@ def test_hook_measures_only_chosen_epochs_and_steps() -> None:
         theirs = states[1].epoch_stats()
         assert {k: v for k, v in stats.items() if k.startswith("overlap")} == \
             {k: v for k, v in theirs.items() if k.startswith("overlap")}
+        matrices = [(offset, p.numel()) for (_, p), offset in zip(
+            params, itertools.accumulate([0] + [p.numel() for _, p in params]), strict=False)
+            if p.ndim > 1]
+        model = [naive_overlaps([torch.cat([b[o:o + n] for o, n in matrices]) for b in bufs],
+                                0.1) for bufs in seen]
+        assert stats["overlap_model"] == pytest.approx(sum(m[0] for m in model) / 2)
+        assert stats["overlap_batch_model"] == pytest.approx(sum(m[1] for m in model) / 2)
         offset = 0
         for name, p in params:
             if p.ndim < 2:
@@ -129,7 +136,7 @@ def test_two_rank_run_logs_overlap_keys(tmp_path) -> None:
     for row in rows:
         keys = {k for k in row if k.startswith(("overlap/", "overlap_batch/"))}
         if row["epoch"] == 1:
-            assert not keys
+            assert not keys and "overlap_model" not in row
             continue
         assert keys == {f"{kind}/{n}" for kind in ("overlap", "overlap_batch") for n in matrices}
         assert all(0 <= row[k] <= 1 for k in keys)
@@ -138,3 +145,4 @@ def test_two_rank_run_logs_overlap_keys(tmp_path) -> None:
         # Above chance (0.1 for independent supports); each worker's gradient is half the
         # global batch's, so it is closer to that than to the other worker's.
         assert 0.1 < pairs < batch
+        assert 0 < row["overlap_model"] <= 1 and 0 < row["overlap_batch_model"] <= 1
