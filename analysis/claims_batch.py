@@ -87,7 +87,11 @@ def table(frames: Frames) -> str:
                      "data vs low endpoint": f"{run['bits'].sum() / low['bits'].sum():.2f}",
                      "steps vs low endpoint": f"{run['steps'].sum() / low['steps'].sum():.2f}",
                      "critical epochs": ", ".join(map(str, crit)) if crit else "-"})
-    return markdown(pd.DataFrame(rows))
+    frame = pd.DataFrame(rows)
+    rank = frame["method"].map(lambda m: 2 if m.startswith("accordion") else
+                               0 if (points["baseline"] == m).any() else 1)
+    return markdown(frame.assign(_rank=rank).sort_values(["family", "_rank", "seed"])
+                    .drop(columns="_rank"))
 
 
 if __name__ == "__main__":
