@@ -70,7 +70,9 @@ def plot(frames: Frames) -> plt.Figure:
         ax.set_xlabel("epoch")
         ax.set_ylim(0, 1.02)
     axes[0, 0].set_ylabel("top-10% support overlap")
-    axes[0, -1].legend(fontsize=7, loc="lower right")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4,
+               bbox_to_anchor=(0.5, -0.12))
     fig.suptitle("Top-10% coordinates of gradients: overlap over training (Agarwal et al. "
                  "Fig. 4a)")
     fig.tight_layout()
