@@ -9,7 +9,7 @@ export WANDB_MODE ?= offline
 # Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|submitit_local,
 # SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
 # ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go).
-SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp
+SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp ablation_ef
 SCALE ?= paper
 LAUNCHER ?= local
 SEEDS ?=
