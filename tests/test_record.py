@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,6 +93,8 @@ def test_summary_without_any_metric():
     assert summary["final"] is None and summary["best"] is None
     assert summary["epochs_completed"] == 1 and summary["total_bits"] == 3.0
     assert summary["total_bits_dense"] == 0.0
+    no_bits = record.summarize([{"test/accuracy": 1.0}], "completed", "test/accuracy", 0.5)
+    assert no_bits["total_bits"] == no_bits["total_bits_dense"] == 0.0
     empty = record.summarize([], "failed: KeyboardInterrupt: ", "test/accuracy", 0.0)
     assert (empty["final"], empty["best"], empty["epochs_completed"]) == (None, None, 0)
 
@@ -113,6 +117,18 @@ def test_checkpoint_round_trip_and_no_temp_file(tmp_path):
     loaded = record.load_checkpoint(path)
     assert loaded["epoch"] == 4 and torch.equal(loaded["w"], state["w"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [record.CHECKPOINT]
+
+
+def test_a_checkpoint_with_rng_states_and_config_loads(tmp_path):
+    # what training/checkpoint.py saves besides tensors: Python and NumPy RNG states, plain
+    # containers of config values (torch's weights-only loader refuses the NumPy state)
+    path = tmp_path / record.CHECKPOINT
+    state = {"rng": {"python": random.getstate(), "numpy": np.random.get_state()},
+             "config": {"seed": 0, "lr": [0.1, 0.01]}}
+    record.save_checkpoint(path, state)
+    loaded = record.load_checkpoint(path)
+    assert loaded["rng"]["python"] == state["rng"]["python"] and loaded["config"] == state["config"]
+    assert np.array_equal(loaded["rng"]["numpy"][1], state["rng"]["numpy"][1])
 
 
 def test_a_failed_write_leaves_the_old_checkpoint(tmp_path):
