@@ -83,8 +83,18 @@ def _evaluate(rank: int, world: int) -> dict[str, Any]:
     return {"classification": classification, "lm": lm}
 
 
+def _own_group(rank: int) -> dict[str, Any]:
+    """A hook state over a group of this rank alone: its collectives stay in that group."""
+    groups = [dist.new_group([0]), dist.new_group([1])]  # every rank creates every group
+    state = compression.HookState(compression.create("none"), nn.Linear(2, 2).named_parameters(),
+                                  group=groups[rank])
+    total = torch.full((3,), float(rank + 1))
+    state.comm.all_reduce(total).future.wait()
+    return {"world_size": state.world_size, "sum": total.tolist()}
+
+
 def _all(rank: int, world: int, tmp: str) -> dict[str, Any]:
-    return {"in_sync": _in_sync(rank),
+    return {"in_sync": _in_sync(rank), "own_group": _own_group(rank),
             "from_rank0": run._from_rank0({"rank": rank, "norms": [float(rank)] * 2}),
             "checkpoint": _checkpoint(rank, str(Path(tmp) / "c.pt")),
             "evaluate": _evaluate(rank, world),
@@ -100,6 +110,11 @@ def ranks() -> list[dict[str, Any]]:
 def test_params_in_sync_reports_false_for_one_ulp(ranks):
     for r in ranks:
         assert r["in_sync"] == {"same": True, "buffers_differ": True, "one_ulp": False}
+
+
+def test_a_hook_state_communicates_over_its_own_group(ranks):
+    for rank, r in enumerate(ranks):
+        assert r["own_group"] == {"world_size": 1, "sum": [float(rank + 1)] * 3}
 
 
 def test_every_rank_gets_rank0s_object(ranks):

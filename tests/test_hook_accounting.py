@@ -20,11 +20,13 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
+from compression import _adacomp_kernel as adacomp_kernel
 from compression._adacomp_kernel import group_bytes
 from compression.base import Sent
 from compression.comm import SimComm, drive
 from compression.hook import HookState, aggregate_bucket, comm_hook, layer_type
 from core.errors import ConfigError
+from tests.conftest import require_kernel
 
 
 class Net(nn.Module):
@@ -184,6 +186,7 @@ def test_adacomp_wire_bits_in_one_bucket(group):
 # ---- levels, layers ------------------------------------------------------------------------------
 def test_layers_levels_and_their_errors(group):
     _, _, state, _ = make("topk", ratio=0.5)
+    assert state.world_size == 1
     assert state.compressed_layers() == COMPRESSED
     assert [state.layers[n].level for n in TRAINABLE] == [0.5, None, None, None, 0.5, 0.5, None]
     state.set_levels({"fc.weight": 0.1})
@@ -228,6 +231,22 @@ def test_state_dict_is_a_copy_and_restores_levels_and_memories(group):
             v.add_(1)
         for k, v in memory[n].items():
             assert torch.equal(fresh.layers[n].memory[k], v)  # loading copied the tensors
+
+
+def test_adacomp_state_is_settled_before_it_is_saved(group, monkeypatch):
+    # the kernel defers residue -= G_q to the next step; a checkpoint must hold the settled
+    # residue: the eager path's, bit for bit, and nothing owed
+    require_kernel(adacomp_kernel.LIBRARY)
+    saved = []
+    for eager in (False, True):
+        if eager:
+            monkeypatch.setattr(adacomp_kernel, "kernel", lambda: None)
+        model, ddp, state, opt = make("adacomp", conv_bin_size=5, fc_bin_size=7)
+        train(model, ddp, opt, range(2))
+        saved.append(state.state_dict()["layers"])
+    for n in COMPRESSED:
+        assert set(saved[0][n]["memory"]) == set(saved[1][n]["memory"]) == {"residue"}
+        assert torch.equal(saved[0][n]["memory"]["residue"], saved[1][n]["memory"]["residue"])
 
 
 def test_loading_another_compressors_state_is_refused(group):
