@@ -7,7 +7,7 @@ PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test test-fast lint clean report
+.PHONY: install demo test test-fast lint clean report mutate
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -25,6 +25,9 @@ test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 
 test-fast: $(VENV_STAMP) ## tests without the slow ones
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_FLAGS)
+
+mutate: $(VENV_STAMP) ## mutation testing of the glue modules (mutmut) [GROUPS="hook lr ..."] -> results/mutation/
+	$(PY) -m tests.mutate $(GROUPS)
 
 lint: $(VENV_STAMP) ## ruff
 	$(PY) -m ruff check .
