@@ -100,6 +100,55 @@ def test_micro_batches_split_a_batch_in_order():
     assert Classification.size((x, y)) == 5
 
 
+def test_an_uneven_epoch_drops_examples_rather_than_repeating_them():
+    # 21 examples over 2 ranks: 10 each, no example padded in twice (DistributedSampler's
+    # drop_last=False would give each rank 11, one of them a repeat)
+    per_rank = [ids(classification(n_train=21, rank=r, world=2, batch_size=2).batches(0))
+                for r in range(2)]
+    seen = [i for batches in per_rank for b in batches for i in b]
+    assert [len(batches) for batches in per_rank] == [10, 10]
+    assert len(seen) == len(set(seen)) == 20
+
+
+def test_a_batch_of_one_example_or_of_the_whole_training_set():
+    one = classification(n_train=20, batch_size=1)
+    assert one.steps_per_epoch() == 20 and all(len(b) == 1 for b in ids(one.batches(0)))
+    whole = classification(n_train=20, batch_size=20)
+    assert [sorted(b) for b in ids(whole.batches(0))] == [list(range(20))]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_loaders_use_the_configured_workers_and_pin_memory_only_for_cuda(device):
+    # a task is built without touching the device: a CUDA one can be built here
+    bundle = DataBundle("classification", 4, images(20), images(7, seed=1))
+    task = Classification(bundle, env(), 4, 3, 1, 0, torch.device(device))
+    for batch_size in (4, 5):  # the loader set_batch_size rebuilds keeps them
+        task.set_batch_size(batch_size)
+        for loader in (task.train_loader, task.test_loader):
+            assert loader.num_workers == 1 and loader.pin_memory is (device == "cuda")
+        assert task.train_loader.persistent_workers is True  # workers kept across epochs
+    if device == "cpu":  # a worker process yields the batches the main process would
+        assert ids(task.batches(0)) == ids(classification(batch_size=5).batches(0))
+    assert classification().train_loader.persistent_workers is False  # no workers to keep
+
+
+@pytest.mark.slow  # ~5 s: the first computation on the meta device imports torch._dynamo
+def test_a_batch_moves_to_the_task_device():
+    # the meta device stands in for an accelerator: an input left on the CPU fails there
+    meta = torch.device("meta")
+    bundle = DataBundle("classification", 4, images(20), images(7, seed=1))
+    task = Classification(bundle, env(), 4, 3, 0, 0, meta)
+    loss, n = task.loss(nn.Linear(3, 4).to(meta), next(iter(task.batches(0))))
+    assert loss.device == meta and n == 4
+
+
+def test_token_streams_live_on_the_task_device():
+    meta = torch.device("meta")  # stands in for an accelerator
+    bundle = DataBundle("language_model", 10, torch.arange(50) % 10, torch.arange(21) % 10)
+    task = LanguageModel(bundle, env(), 4, 2, 3, meta)
+    assert task.train.device == task.test.device == meta
+
+
 def test_classification_loss_is_the_mean_cross_entropy():
     task = classification()
     model = nn.Linear(3, 4)
@@ -145,6 +194,45 @@ def test_each_rank_evaluates_its_own_examples():
     shards = [classification(n_test=7, rank=r, world=3).test_loader for r in range(3)]
     got = [sorted(i for x, _ in loader for i in x[:, 0].long().tolist()) for loader in shards]
     assert got == [[0, 3, 6], [1, 4], [2, 5]]  # no padding, no repeats
+
+
+class Lookup(nn.Module):
+    """A classifier that predicts ``predictions[i]`` for example ``i`` (its input's first entry)."""
+
+    def __init__(self, predictions: torch.Tensor) -> None:
+        super().__init__()
+        self.predictions = predictions
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 3.0 * F.one_hot(self.predictions[x[:, 0].long()], 4).float()
+
+
+def test_accuracy_counts_the_correct_examples_of_every_batch(group):
+    # 7 test examples in batches of 3, 3, 1; right on examples 0, 1 and 4 (both first batches)
+    y = images(7, seed=1).tensors[1]
+    right = torch.tensor([1, 1, 0, 0, 1, 0, 0], dtype=torch.bool)
+    model = Lookup(torch.where(right, y, (y + 1) % 4))
+    result = classification(n_test=7, eval_batch_size=3).evaluate(model)
+    assert result["test/accuracy"] == pytest.approx(100.0 * 3 / 7, rel=1e-12)
+    # cross-entropy of logits (3, 0, 0, 0): log(e^3 + 3) - 3 on the right class, log(e^3 + 3)
+    # on a wrong one
+    assert result["test/loss"] == pytest.approx((7 * math.log(math.exp(3.0) + 3) - 3 * 3.0) / 7,
+                                                rel=1e-6)
+
+
+def test_evaluation_sums_losses_in_float64(group):
+    # losses in the thousands: a float32 sum would round away their last digits
+    torch.manual_seed(0)
+    model = nn.Linear(3, 4)
+    with torch.no_grad():
+        model.weight.mul_(1000.0)
+    x, y = images(7, seed=1).tensors
+    with torch.no_grad():  # per batch as the loader gives them, in float32; summed in float64
+        sums = [F.cross_entropy(model(x[i:i + 3]), y[i:i + 3], reduction="sum").item()
+                for i in range(0, 7, 3)]
+    assert min(sums) > 50
+    result = classification(n_test=7, eval_batch_size=3).evaluate(model)
+    assert result["test/loss"] == pytest.approx(sum(sums) / 7, rel=1e-13)
 
 
 # ---- language models -----------------------------------------------------------------------------
@@ -193,6 +281,22 @@ def test_too_few_tokens_per_sequence_is_a_config_error():
         lm(eval_batch_size=11)
 
 
+def test_two_tokens_per_sequence_make_one_window():
+    task = lm(batch_size=25, bptt=3)  # 50 tokens as 25 sequences of 2: the fewest allowed
+    assert task.train.shape == (25, 2)
+    assert [(x.tolist(), y.tolist()) for x, y in task.batches(0)] == \
+           [(task.train[:, :1].tolist(), task.train[:, 1:].tolist())]
+    assert task.steps_per_epoch() == 1
+    assert lm(batch_size=1).train.shape == (1, 50)  # one sequence: the whole shard
+
+
+@pytest.mark.parametrize("bptt", [1, 2, 3, 6, 7, 8])
+def test_steps_per_epoch_counts_the_windows(bptt):
+    task = lm(batch_size=4, n_train=32, bptt=bptt)  # sequences of 8 tokens: 7 targets each
+    assert task.train.shape == (4, 8)
+    assert task.steps_per_epoch() == len(list(task.batches(0))) == math.ceil(7 / bptt)
+
+
 class Recurrent(nn.Module):
     """A tiny LSTM LM (the shape of models/lstm.py) that records the hidden state it gets."""
 
@@ -227,23 +331,38 @@ def test_the_hidden_state_is_carried_detached_and_restarts_every_epoch():
     assert LanguageModel.size((x, y)) == x.numel()
 
 
+def window_sums(model: nn.Module, data: torch.Tensor, bptt: int) -> list[float]:
+    """Summed cross-entropy of each BPTT window of ``data``, the hidden state carried, by hand."""
+    sums, hidden, length = [], None, data.size(1) - 1
+    with torch.no_grad():
+        for i in range(0, length, bptt):
+            x, y = data[:, i:i + bptt][:, :length - i], data[:, i + 1:i + 1 + bptt]
+            logits, hidden = model(x, hidden)
+            sums.append(F.cross_entropy(logits.reshape(-1, 10), y.reshape(-1),
+                                        reduction="sum").item())
+    return sums
+
+
 def test_language_model_evaluate_is_exact_over_the_test_stream(group):
     torch.manual_seed(0)
     task, model = lm(eval_batch_size=2, bptt=3, n_test=21), Recurrent()
     result = task.evaluate(model)
     assert model.training
-    # by hand: the stream as 2 sequences of 10, windows of 3 with the hidden state carried
-    data = (torch.arange(21) * 7 % 10)[:20].view(2, 10)
-    total, hidden, count = 0.0, None, 0
+    # by hand: the stream as 2 sequences of 10, 3 windows of 3 with the hidden state carried
+    sums = window_sums(model, (torch.arange(21) * 7 % 10)[:20].view(2, 10), 3)
+    assert len(sums) == 3
+    assert result["test/loss"] == pytest.approx(sum(sums) / 18, rel=1e-6)
+    assert result["test/perplexity"] == pytest.approx(math.exp(sum(sums) / 18), rel=1e-6)
+
+
+def test_language_model_evaluation_sums_losses_in_float64(group):
+    torch.manual_seed(0)
+    task, model = lm(eval_batch_size=2, bptt=3, n_test=21), Recurrent()
     with torch.no_grad():
-        for i in range(0, 9, 3):
-            x, y = data[:, i:i + 3][:, :9 - i], data[:, i + 1:i + 4][:, :9 - i]
-            logits, hidden = model(x, hidden)
-            total += F.cross_entropy(logits.reshape(-1, 10), y.reshape(-1), reduction="sum").item()
-            count += y.numel()
-    assert count == 18
-    assert result["test/loss"] == pytest.approx(total / count, rel=1e-6)
-    assert result["test/perplexity"] == pytest.approx(math.exp(total / count), rel=1e-6)
+        model.out.weight.mul_(1000.0)  # losses in the thousands
+    sums = window_sums(model, task.test, 3)
+    assert min(sums) > 100
+    assert task.evaluate(model)["test/loss"] == pytest.approx(sum(sums) / 18, rel=1e-13)
 
 
 def test_perplexity_of_a_diverged_model_is_finite(group):
@@ -258,9 +377,10 @@ def test_make_task_by_dataset_kind(compose_cfg):
     cfg = compose_cfg("dataset=synthetic_text", "dataset.bptt=7", "trainer.batch_size=4",
                       "trainer.eval_batch_size=2")
     bundle = DataBundle("language_model", 10, torch.arange(100) % 10, torch.arange(40) % 10)
-    task = make_task(bundle, env(), cfg, CPU)
+    task = make_task(bundle, env(), cfg, torch.device("meta"))
     assert isinstance(task, LanguageModel) and task.bptt == 7
     assert task.train.shape == (4, 25) and task.test.shape == (2, 20)
+    assert task.train.device.type == "meta"  # the device given
     cfg = OmegaConf.merge(compose_cfg(), {"trainer": {"batch_size": 5, "eval_batch_size": 3},
                                           "seed": 4})
     task = make_task(DataBundle("classification", 4, images(20), images(7)), env(), cfg, CPU)
