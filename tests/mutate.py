@@ -62,7 +62,8 @@ class Group:
 
 
 GROUPS = {
-    "hook": Group(["compression/hook.py"], ["tests/test_hook_accounting.py"]),
+    "hook": Group(["compression/hook.py"], ["tests/test_hook_accounting.py"],
+                  ranks=["tests/test_glue_ranks.py"]),
     "lr": Group(["core/lr.py"], ["tests/test_lr.py"]),
     "record": Group(["core/record.py"], ["tests/test_record.py"]),
     "checkpoint": Group(["training/checkpoint.py"], ["tests/test_checkpoint.py"],
