@@ -24,7 +24,7 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
 
-.PHONY: install demo test test-fast lint clean stress report bench-compressors bench-e2e bench-tta plan \
+.PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e bench-tta plan \
 	dashboard reproduce-all \
 	$(addprefix reproduce-,$(SWEEPS))
 
@@ -56,6 +56,9 @@ test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 
 test-fast: $(VENV_STAMP) ## tests without the slow ones
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_FLAGS)
+
+mutate: $(VENV_STAMP) ## mutation testing of the glue modules (mutmut) [GROUPS="hook lr ..."] -> results/mutation/
+	$(PY) -m tests.mutate $(GROUPS)
 
 lint: $(VENV_STAMP) ## ruff
 	$(PY) -m ruff check .

@@ -131,7 +131,7 @@ def test_sweep_has_the_tables_runs(composed, name, scale):
 
 
 def test_default_seeds_and_seed_override():
-    assert len(jobs("table1", "tiny")) == 3 * (9 + 3)  # 9 of ours, 3 Accordion as the authors ran it
+    assert len(jobs("table1", "tiny")) == 3 * (9 + 3)  # 9 of ours, 3 as the authors ran them
     assert {o for j in jobs("table1", "tiny", "seed=4,5") for o in j if o.startswith("seed=")} \
         == {"seed=4", "seed=5"}
 
