@@ -78,7 +78,7 @@ KINDS = {
     "model.dropout": "float", "model.compression": "float", "dataset.test_fraction": "float",
     "dataset.smooth": "int?", "dataset.label_noise": "float", "scheduler.levels": "list_float?",
     "scheduler.batch_sizes": "list_int?", "scheduler.base_batch": "int?", "optimizer.eps": "float",
-    "optimizer.betas": "list_float",
+    "optimizer.betas": "list_float", "logger.tags": "list_str",
 }
 CHOICE_FIELDS = ("trainer.device", "trainer.progress", "logger.mode", "compressor.reduce",
                  "scheduler.lr_scaling", "dataset.eval_split", "model.classifier", "dataset.task")
