@@ -8,8 +8,9 @@
 
 Read top to bottom: check the config, start the process group, decide what the run directory
 calls for (start, resume, skip: training/runs.py), build model and DDP with the compression
-hook, then train epoch by epoch. Rank 0 leaves the run record in the Hydra output directory
-(see core/record.py) and logs to W&B.
+hook, then train epoch by epoch. A preemption signal stops every rank at one step boundary
+with a mid-epoch checkpoint (training/signals.py, training/progress.py). Rank 0 leaves the run
+record in the Hydra output directory (see core/record.py) and logs to W&B.
 """
 
 from __future__ import annotations
