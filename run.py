@@ -8,8 +8,9 @@
 
 Read top to bottom: check the config, start the process group, decide what the run directory
 calls for (start, resume, skip: training/runs.py), build model and DDP with the compression
-hook, then train epoch by epoch. Rank 0 leaves the run record in the Hydra output directory
-(see core/record.py) and logs to W&B.
+hook, then train epoch by epoch. A preemption signal stops every rank at one step boundary
+with a mid-epoch checkpoint (training/signals.py, training/progress.py). Rank 0 leaves the run
+record in the Hydra output directory (see core/record.py) and logs to W&B.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from core import distributed, record
 from core.errors import ConfigError
 from core.lr import lr_at
 from training import checkpoint, config, faults, optim, runs, signals
+from training.progress import EpochProgress
 from training.tasks import make_task
 from training.wandb_logger import NullLogger, WandbLogger
 
@@ -64,6 +66,9 @@ def main(cfg: DictConfig) -> None:
     except faults.RunFailed as exc:  # a lost peer, a full disk: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
+    except signals.Preempted as exc:  # checkpointed mid-epoch: requeued (submitit) or resumed
+        print(f"{exc}; {faults.record_line(run_dir)}", file=sys.stderr)
+        signals.exit_preempted(exc, env.rank)
 
 
 def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle
@@ -117,15 +122,17 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     o = cfg.optimizer
     optimizer = optim.build(o, model.parameters())
 
-    start_epoch, elapsed_s = 0, 0.0
-    if resume:
-        start_epoch, elapsed_s = checkpoint.load(run_dir / record.CHECKPOINT, model, optimizer,
-                                                 hook_state, scheduler)
+    start_epoch, elapsed_s, saved = 0, 0.0, None
+    if resume:  # saved: this rank's progress through start_epoch, if it stopped mid-epoch
+        start_epoch, elapsed_s, saved = checkpoint.load(run_dir / record.CHECKPOINT, model,
+                                                        optimizer, hook_state, scheduler)
     log = record.MetricsLog(run_dir, keep_epochs=start_epoch) if env.is_main else None
     logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
 
     amp = bool(t.amp) and device.type == "cuda"
+    stop = signals.StopCheck(int(t.preempt_check_every), enabled=bool(t.preempt_signals))
     status, why, started = "running", None, time.perf_counter() - elapsed_s
+    signals.defer(t.preempt_signals)  # a preemption signal stops the ranks at one step boundary
     try:
         for epoch in range(start_epoch, t.epochs):
             row: dict[str, Any] = {"epoch": epoch}
@@ -137,11 +144,20 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
                 group["lr"] = lr
             row.update({"lr": lr, "batch_size": batch_size})
             hook_state.reset_epoch()
+            progress = EpochProgress(epoch, device) if saved is None else \
+                EpochProgress.resume(saved, hook_state, task, device)  # continue a stopped epoch
+            saved = None
 
             # ---- train one epoch: the comm hook aggregates (and compresses) in backward -------
-            epoch_start = time.perf_counter()
-            row["train/loss"], samples = _train_epoch(epoch, task, ddp, optimizer, t, env, amp)
-            epoch_s = time.perf_counter() - epoch_start
+            try:
+                row["train/loss"], samples = _train_epoch(task, ddp, optimizer, t, env, amp,
+                                                          progress, stop)
+            except signals.Preempted:  # every rank stopped at this step: checkpoint mid-epoch
+                checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch,
+                                time.perf_counter() - started, model, optimizer, hook_state,
+                                scheduler, progress.state_dict(hook_state, task))
+                raise
+            epoch_s = progress.seconds()
 
             # ---- evaluate, record -------------------------------------------------------------
             _sync_buffers(model)
@@ -172,9 +188,11 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             end = faults.ending(exc, env.rank, env.world_size, float(t.dist_timeout_s))
             note = _record_failure(run_dir, log, end, task.metric, started)
             logger.finish(exit_code=1)
-        if end.line is None:  # a bug, or a signal: keep Python's own way out
+        if end.line is None:  # a bug, a signal, a preemption: keep Python's own way out
             raise
         raise faults.RunFailed(f"{end.line}{note}; {faults.record_line(run_dir)}") from exc
+    finally:
+        signals.undefer()
 
     rows = log.rows if log is not None else []
     summary = record.summarize(rows, status, task.metric, time.perf_counter() - started)
@@ -191,18 +209,21 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimizer, t: Any,
-                 env: distributed.DistEnv, amp: bool) -> tuple[float, int]:
-    """One epoch of optimizer steps; returns (mean train loss over all ranks, this rank's samples).
+def _train_epoch(task: Any, ddp: DDP, optimizer: torch.optim.Optimizer, t: Any,
+                 env: distributed.DistEnv, amp: bool, progress: EpochProgress,
+                 stop: signals.StopCheck) -> tuple[float, int]:
+    """The epoch's optimizer steps from ``progress.step`` on; returns (mean train loss over all
+    ranks, this rank's samples). Raises :class:`signals.Preempted` at the step boundary where
+    the ranks agree to stop on a preemption signal (``progress`` then says how far it got).
 
     A batch larger than ``trainer.micro_batch_size`` is split and its gradients accumulated
     under ``no_sync``: only the last micro-batch's backward runs the comm hook.
     """
     device = next(ddp.parameters()).device
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    samples, steps = 0, task.steps_per_epoch()
-    bar = tqdm(total=steps, desc=f"epoch {epoch}", leave=False, disable=not _show_bar(t, env))
-    for step, batch in enumerate(task.batches(epoch)):
+    epoch, steps = progress.epoch, task.steps_per_epoch()
+    bar = tqdm(total=steps, initial=progress.step, desc=f"epoch {epoch}", leave=False,
+               disable=not _show_bar(t, env))
+    for batch in task.batches(epoch, start=progress.step):
         optimizer.zero_grad(set_to_none=True)
         micro_batches = task.split(batch, t.micro_batch_size)
         n = task.size(batch)
@@ -213,18 +234,24 @@ def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimiz
                     loss, m = task.loss(ddp, micro)
                     loss = loss * (m / n)
                 loss.backward()
-            loss_sum += loss.detach().double()
+            progress.loss_sum += loss.detach().double()
         if t.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(ddp.module.parameters(), float(t.grad_clip))
         optimizer.step()
-        samples += n
-        if not bar.disable and (step % 10 == 0 or step == steps - 1):
-            rate = samples * env.world_size / bar.format_dict["elapsed"]
-            bar.set_postfix(loss=f"{loss_sum.item() / (step + 1):.3f}", samples_s=f"{rate:.0f}")
+        progress.step_done(n)
+        if not bar.disable and (progress.step % 10 == 1 or progress.step == steps):
+            rate = progress.samples * env.world_size / progress.seconds()
+            bar.set_postfix(loss=f"{progress.loss_sum.item() / progress.step:.3f}",
+                            samples_s=f"{rate:.0f}")
         bar.update()
+        signum = stop.due(progress.step)  # collective: the same answer on every rank
+        if signum:
+            bar.close()
+            raise signals.Preempted(signum, epoch, progress.step)
     bar.close()
+    loss_sum = progress.loss_sum.clone()
     dist.all_reduce(loss_sum)
-    return loss_sum.item() / (steps * env.world_size), samples
+    return loss_sum.item() / (steps * env.world_size), progress.samples
 
 
 def _end_of_epoch(hook_state: compression.HookState, env: distributed.DistEnv

@@ -89,6 +89,7 @@ RANGES = {
     "trainer.eval_batch_size": (1, None), "trainer.num_workers": (0, 256),
     "trainer.micro_batch_size": (1, None), "trainer.grad_clip": (0.0, None, True),
     "trainer.dist_timeout_s": (0.0, 604800.0, True), "trainer.bucket_cap_mb": (0.0, 65536.0, True),
+    "trainer.preempt_check_every": (1, None),
     "optimizer.lr": (0.0, None, True), "optimizer.momentum": (0.0, 1.0, False, True),
     "optimizer.weight_decay": (0.0, None), "optimizer.schedule.warmup_epochs": (0, None),
     "optimizer.schedule.warmup_start_lr": (0.0, None, True),

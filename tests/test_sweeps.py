@@ -294,6 +294,7 @@ def run_cfg(compose_cfg):
     ("diverged", True, runs.State.COMPLETED, runs.Action.SKIP),
     (None, True, runs.State.INTERRUPTED, runs.Action.RESUME),         # killed: no summary
     ("failed: SystemExit: 143", True, runs.State.INTERRUPTED, runs.Action.RESUME),
+    ("preempted: SIGUSR1 at epoch 1, step 3", True, runs.State.INTERRUPTED, runs.Action.RESUME),
     ("failed: SystemExit: 144", False, runs.State.INTERRUPTED, runs.Action.START),
     ("failed: RuntimeError: boom", True, runs.State.FAILED, runs.Action.RERUN),
 ])

@@ -26,23 +26,30 @@ from training import runs
 
 
 def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.nn.Module,
-         optimizer: torch.optim.Optimizer, hook_state: HookState, scheduler: Scheduler) -> None:
+         optimizer: torch.optim.Optimizer, hook_state: HookState, scheduler: Scheduler,
+         progress: dict[str, Any] | None = None) -> None:
     """Gather every rank's own state (RNG, compressor memories); rank 0 writes the checkpoint.
 
-    Collective: every rank must call it.
+    ``progress``: this rank's part of a mid-epoch checkpoint
+    (:meth:`training.progress.EpochProgress.state_dict`); ``next_epoch`` is then the epoch it
+    stopped in. Collective: every rank must call it.
     """
-    mine = {"rng": _rng_state(), "compressor": _to_cpu(hook_state.state_dict())}
+    mine = {"rng": _rng_state(), "compressor": _to_cpu(hook_state.state_dict()),
+            "progress": _to_cpu(progress)}
     per_rank: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, mine)
     if dist.get_rank() == 0:
         record.save_checkpoint(path, {
+            "format": FORMAT,
             "epoch": next_epoch,
+            "step": 0 if progress is None else int(progress["step"]),
             "elapsed_s": elapsed_s,
             "world_size": dist.get_world_size(),
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "sampler": {"epoch": next_epoch, "seed": int(cfg.seed)},
+            "sampler": {"epoch": next_epoch, "seed": int(cfg.seed),
+                        "step": 0 if progress is None else int(progress["step"])},
             "per_rank": per_rank,
             "config": OmegaConf.to_container(cfg, resolve=True),
         })
@@ -50,8 +57,9 @@ def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.n
 
 
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         hook_state: HookState, scheduler: Scheduler) -> tuple[int, float]:
-    """Restore a checkpoint on this rank; returns (first epoch to run, elapsed seconds)."""
+         hook_state: HookState, scheduler: Scheduler) -> tuple[int, float, dict[str, Any] | None]:
+    """Restore a checkpoint on this rank; returns (first epoch to run, elapsed seconds, this
+    rank's progress through that epoch if the checkpoint was written mid-epoch, else None)."""
     ckpt = record.load_checkpoint(path)  # checked before the group started (check_resumable)
     device = next(model.parameters()).device
     model.load_state_dict(ckpt["model"])
@@ -60,7 +68,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     mine = ckpt["per_rank"][dist.get_rank()]
     hook_state.load_state_dict(_map_tensors(mine["compressor"], lambda t: t.to(device)))
     _set_rng_state(mine["rng"])
-    return int(ckpt["epoch"]), float(ckpt["elapsed_s"])
+    return int(ckpt["epoch"]), float(ckpt["elapsed_s"]), mine.get("progress")
 
 
 def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
@@ -83,6 +91,9 @@ def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
 # in these (a key names itself and everything under it), and may run more epochs.
 RESULT_NEUTRAL = (*runs.RUNTIME_KEYS, "trainer.epochs")
 KEYS = ("epoch", "elapsed_s", "world_size", "model", "optimizer", "scheduler", "per_rank", "config")
+# 1: epoch-end checkpoints only (no "format" key); 2: "step" > 0 marks a mid-epoch checkpoint,
+# whose per-rank parts hold each rank's "progress" (training/progress.py).
+FORMAT = 2
 
 
 def check_resumable(run_dir: Path, cfg: Any, world_size: int) -> int:
@@ -99,6 +110,10 @@ def check_resumable(run_dir: Path, cfg: Any, world_size: int) -> int:
         raise ConfigError(f"resume: no {record.CHECKPOINT} in {run_dir}; pass the run's "
                           f"directory as hydra.run.dir=<dir> to resume it")
     ckpt = _read_whole(path)
+    if int(ckpt.get("format", 1)) > FORMAT:
+        raise ConfigError(f"resume: {path} has checkpoint format {ckpt['format']}, newer than "
+                          f"this version of the suite reads ({FORMAT}); resume it with the "
+                          f"version that wrote it")
     if ckpt["world_size"] != world_size:
         raise ConfigError(f"resume: {path} was written by {ckpt['world_size']} ranks; resume it "
                           f"with the same number, not {world_size}")

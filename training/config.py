@@ -34,7 +34,7 @@ from core.errors import (
     check_str,
 )
 from core.record import CHECKPOINT
-from training import checkpoint, optim, tasks, wandb_logger
+from training import checkpoint, optim, signals, tasks, wandb_logger
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # Groups whose option file (conf/<group>/<name>.yaml) lists their keys.
@@ -190,3 +190,5 @@ def _check_trainer(t: Any, world_size: int) -> None:
     if t.progress != "auto" and not isinstance(t.progress, bool):
         raise ConfigError(f"trainer.progress: expected auto, true or false, got {t.progress!r}")
     check_bool(t.deterministic, "trainer.deterministic")
+    signals.check_names(t.preempt_signals)
+    check_int(t.preempt_check_every, "trainer.preempt_check_every", 1)
