@@ -2,6 +2,7 @@
 
     python run.py model=resnet18 dataset=digits trainer.epochs=2            # one process
     torchrun --standalone --nproc-per-node 2 run.py dataset=digits           # DDP on 2 ranks
+    python run.py launcher=simulated trainer.workers=128 dataset=digits      # 128 simulated learners
     srun python run.py ...                                                   # Slurm tasks
     python run.py -m sweep=table1 scale=tiny                                 # a paper table
     python run.py -m sweep=table1 launcher=slurm                             # ... on Slurm
@@ -29,22 +30,21 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import compression
 import data
 import models
 import schedulers
-from compression.hook import comm_hook
+import training.workers
 from core import distributed, record
 from core.errors import ConfigError
 from core.lr import lr_at
 from training import checkpoint, config, faults, optim, runs, signals
-from training.tasks import make_task
 from training.wandb_logger import NullLogger, WandbLogger
 
 LOG = logging.getLogger("accordion-bench")
+Workers = training.workers.Rank | training.workers.SimulatedWorkers
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -54,9 +54,10 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (training/signals)
     try:
-        config.validate(cfg, env.world_size, run_dir)
+        world_size = config.world_size(cfg, env.world_size)  # ranks, or simulated learners
+        config.validate(cfg, world_size, run_dir)
         bundle = data.build(cfg.dataset)
-        config.prepare(cfg, bundle, env.world_size, run_dir)
+        config.prepare(cfg, bundle, world_size, run_dir)
         train(cfg, env, run_dir, bundle)
     except ConfigError as exc:  # before the group starts, or found by the data or a checkpoint
         print(f"error: {exc}", file=sys.stderr)
@@ -74,7 +75,8 @@ def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data
     distributed.init(env, device, float(cfg.trainer.dist_timeout_s))
     try:
         run_dir = _shared_run_dir(run_dir)
-        action = _from_rank0(_decide(cfg, run_dir, env.world_size) if env.is_main else None)
+        world_size = config.world_size(cfg, env.world_size)
+        action = _from_rank0(_decide(cfg, run_dir, world_size) if env.is_main else None)
         if isinstance(action, ConfigError):  # the directory holds another config's run
             raise action
         if action is runs.Action.SKIP:
@@ -108,11 +110,9 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     model = models.build(**cfg.model).to(device)
     faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
     checkpoint.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
-    task = make_task(bundle, env, cfg, device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=float(t.bucket_cap_mb))
-    hook_state = compression.build(cfg.compressor, model.named_parameters())
-    ddp.register_comm_hook(hook_state, comm_hook)
+    # This rank (DDP, the comm hook aggregates), or trainer.workers simulated learners.
+    workers = training.workers.build(model, cfg, env, bundle, device)
+    task, hook_state = workers.tasks[0], workers.hook_state
     scheduler = schedulers.build(cfg.scheduler)
     o = cfg.optimizer
     optimizer = optim.build(o, model.parameters())
@@ -131,7 +131,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             row: dict[str, Any] = {"epoch": epoch}
             row.update(scheduler.start_epoch(epoch, hook_state))  # per-layer levels of this epoch
             batch_size = scheduler.batch_size(epoch, t.batch_size)
-            task.set_batch_size(batch_size)
+            workers.set_batch_size(batch_size)
             lr = lr_at(o, epoch) * scheduler.lr_scale(epoch)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -140,12 +140,12 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
 
             # ---- train one epoch: the comm hook aggregates (and compresses) in backward -------
             epoch_start = time.perf_counter()
-            row["train/loss"], samples = _train_epoch(epoch, task, ddp, optimizer, t, env, amp)
+            row["train/loss"], samples = _train_epoch(epoch, workers, optimizer, t, env, amp)
             epoch_s = time.perf_counter() - epoch_start
 
             # ---- evaluate, record -------------------------------------------------------------
             _sync_buffers(model)
-            row.update(task.evaluate(model))
+            row.update(workers.evaluate())
             row.update(hook_state.epoch_stats())
             row["time/epoch_s"] = epoch_s
             row["samples_per_s"] = samples * env.world_size / epoch_s
@@ -191,19 +191,24 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimizer, t: Any,
+def _train_epoch(epoch: int, workers: Workers, optimizer: torch.optim.Optimizer, t: Any,
                  env: distributed.DistEnv, amp: bool) -> tuple[float, int]:
-    """One epoch of optimizer steps; returns (mean train loss over all ranks, this rank's samples).
+    """One epoch of optimizer steps; returns (mean train loss over all workers, this process's
+    samples).
 
     A batch larger than ``trainer.micro_batch_size`` is split and its gradients accumulated
     under ``no_sync``: only the last micro-batch's backward runs the comm hook.
     """
+    ddp = workers.ddp
     device = next(ddp.parameters()).device
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    samples, steps = 0, task.steps_per_epoch()
-    bar = tqdm(total=steps, desc=f"epoch {epoch}", leave=False, disable=not _show_bar(t, env))
-    for step, batch in enumerate(task.batches(epoch)):
-        optimizer.zero_grad(set_to_none=True)
+    loss_sums = [torch.zeros((), dtype=torch.float64, device=device) for _ in workers.tasks]
+    samples, steps = 0, workers.tasks[0].steps_per_epoch()
+    batches = [task.batches(epoch) for task in workers.tasks]  # each read inside its worker
+
+    def local_backward(w: int) -> None:  # worker w's forward and backward of this step
+        nonlocal samples
+        task = workers.tasks[w]
+        batch = next(batches[w])
         micro_batches = task.split(batch, t.micro_batch_size)
         n = task.size(batch)
         for i, micro in enumerate(micro_batches):
@@ -213,18 +218,23 @@ def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimiz
                     loss, m = task.loss(ddp, micro)
                     loss = loss * (m / n)
                 loss.backward()
-            loss_sum += loss.detach().double()
+            loss_sums[w] += loss.detach().double()
+        samples += n
+
+    bar = tqdm(total=steps, desc=f"epoch {epoch}", leave=False, disable=not _show_bar(t, env))
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        workers.step(local_backward)
         if t.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(ddp.module.parameters(), float(t.grad_clip))
         optimizer.step()
-        samples += n
         if not bar.disable and (step % 10 == 0 or step == steps - 1):
             rate = samples * env.world_size / bar.format_dict["elapsed"]
-            bar.set_postfix(loss=f"{loss_sum.item() / (step + 1):.3f}", samples_s=f"{rate:.0f}")
+            bar.set_postfix(loss=f"{loss_sums[0].item() / (step + 1):.3f}",
+                            samples_s=f"{rate:.0f}")
         bar.update()
     bar.close()
-    dist.all_reduce(loss_sum)
-    return loss_sum.item() / (steps * env.world_size), samples
+    return workers.mean_loss(loss_sums, steps), samples
 
 
 def _end_of_epoch(hook_state: compression.HookState, env: distributed.DistEnv
