@@ -51,11 +51,7 @@ def world_size(cfg: Any, processes: int) -> int:
     """The job's data-parallel workers: ``trainer.workers`` simulated learners in this one
     process, or (``trainer.workers: null``) its ``processes`` ranks. Checked first, before
     :func:`validate` checks the batch against it."""
-    trainer = cfg.trainer
-    if OmegaConf.is_config(trainer) and OmegaConf.is_missing(trainer, "workers"):
-        raise ConfigError("trainer.workers: launcher=simulated needs the number of learners to "
-                          f"simulate, an integer in [1, {MAX_SIMULATED}] (e.g. trainer.workers=8)")
-    workers = trainer.get("workers")
+    workers = cfg.trainer.get("workers")
     if workers is None:
         return processes
     check_int(workers, "trainer.workers", 1, MAX_SIMULATED)
