@@ -77,8 +77,8 @@ def learners_table(data: pd.DataFrame) -> pd.DataFrame:
             row[f"{label}: conv"] = _x(first["conv_x"])
             row[f"{label}: FC"] = _x(first["fc_x"])
         rows.append(row)
-    table = pd.DataFrame(rows)
-    return table.sort_values(["compressor", "learners"], key=_none_first, ignore_index=True)
+    rows.sort(key=lambda r: (r["compressor"] != "none", r["compressor"], r["learners"]))
+    return pd.DataFrame(rows)
 
 
 def batch_table(data: pd.DataFrame) -> pd.DataFrame:
@@ -88,10 +88,6 @@ def batch_table(data: pd.DataFrame) -> pd.DataFrame:
              "accuracy (%)": f"{r.final:.2f}", "conv": _x(r.conv_x), "FC": _x(r.fc_x)}
             for r in data[data["compressor"] != "none"].itertuples()]
     return pd.DataFrame(rows)
-
-
-def _none_first(column: pd.Series) -> pd.Series:
-    return column.map(lambda v: "" if v == "none" else v) if column.dtype == object else column
 
 
 def plot_learners(data: pd.DataFrame) -> plt.Figure:
