@@ -2,7 +2,7 @@
 
     python run.py model=resnet18 dataset=digits trainer.epochs=2            # one process
     torchrun --standalone --nproc-per-node 2 run.py dataset=digits           # DDP on 2 ranks
-    python run.py launcher=simulated trainer.workers=128 dataset=digits      # 128 simulated learners
+    python run.py launcher=simulated trainer.workers=128 dataset=digits      # 128 in 1 process
     srun python run.py ...                                                   # Slurm tasks
     python run.py -m sweep=table1 scale=tiny                                 # a paper table
     python run.py -m sweep=table1 launcher=slurm                             # ... on Slurm

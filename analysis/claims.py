@@ -28,6 +28,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from analysis.figures import STYLE  # noqa: E402
 from analysis.load import Frames, load_records  # noqa: E402
@@ -115,16 +116,8 @@ def plot_learners(data: pd.DataFrame) -> plt.Figure:
         comp.axhline(value, color="grey", ls=":", lw=1)
         comp.annotate(f"paper {kind} {value:.0f}x", (1, value), fontsize=7, color="grey",
                       va="bottom")
-    for ax in (acc, comp):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("learners (simulated)")
-    acc.set_ylabel("final test accuracy (%)")
-    comp.set_ylabel("effective compression (x)")
-    comp.set_yscale("log")
     acc.legend(fontsize=7)
-    comp.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, acc, comp, "learners (simulated)")
 
 
 def plot_batch(data: pd.DataFrame) -> plt.Figure:
@@ -137,12 +130,18 @@ def plot_batch(data: pd.DataFrame) -> plt.Figure:
         comp.plot(ada["per_learner_batch"], ada[f"{kind}_x"], marker=marker, label=kind)
         comp.axhline(PAPER_X[kind], color="grey", ls=":", lw=1)
     acc.plot(ada["per_learner_batch"], ada["final"], "o-")
-    for ax in (comp, acc):
+    return _finish(fig, acc, comp, "per-learner mini-batch")
+
+
+def _finish(fig: plt.Figure, acc: plt.Axes, comp: plt.Axes, xlabel: str) -> plt.Figure:
+    """Both figures' axes: log2 x, accuracy and log compression y, the compression legend."""
+    for ax in (acc, comp):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("per-learner mini-batch")
-    comp.set_yscale("log")
-    comp.set_ylabel("effective compression (x)")
+        ax.xaxis.set_major_formatter(ScalarFormatter())  # 1, 2, 4, ... rather than 2^k
+        ax.set_xlabel(xlabel)
     acc.set_ylabel("final test accuracy (%)")
+    comp.set_ylabel("effective compression (x)")
+    comp.set_yscale("log")
     comp.legend(fontsize=7)
     fig.tight_layout()
     return fig

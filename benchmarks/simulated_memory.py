@@ -4,20 +4,21 @@
     make bench-simulated-memory
 
 Every (compressor, W) pair runs in a fresh process: it builds AdaComp's CIFAR10-CNN (89,578
-parameters, 350 KiB of fp32) and one optimizer, takes its peak resident set size (``ru_maxrss``)
-after one plain forward and backward as the baseline, then trains ``STEPS`` steps of W simulated
-learners (one example each, random data) and takes the peak again. The growth over the baseline,
-divided by W and by the model's fp32 size, says how many gradient-sized buffers each learner
-costs: the memory :mod:`training.simulated` documents per compressor.
+parameters, 350 KiB of fp32) and one optimizer, takes its resident set size after one plain
+forward and backward as the baseline, restarts the kernel's peak count (``VmHWM``), trains
+``STEPS`` steps of W simulated learners (one example each, random data) and reads the peak.
+The growth over the baseline, divided by W and by the model's fp32 size, says how many
+gradient-sized buffers each learner costs: the memory :mod:`training.simulated` documents per
+compressor.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -29,8 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "bench"
 
 
-def _peak_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+def _status_kib(field: str) -> int:
+    """``VmRSS`` (resident now) or ``VmHWM`` (its peak) of this process, in KiB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> None:
+    """Start the peak (``VmHWM``) over from the resident set now (Linux: clear_refs 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 def measure(compressor: str, learners: int) -> dict[str, float]:
@@ -50,7 +60,8 @@ def measure(compressor: str, learners: int) -> dict[str, float]:
     x, y = torch.randn(learners, 3, 32, 32), torch.randint(0, 10, (learners,))
     torch.nn.functional.cross_entropy(model(x[:1]), y[:1]).backward()
     optimizer.step()
-    base = _peak_kib()
+    base = _status_kib("VmRSS")
+    _reset_peak()
     cfg = OmegaConf.load(ROOT / "conf" / "compressor" / f"{compressor}.yaml")
     workers = SimulatedWorkers(model, cfg, [None] * learners, list(range(learners)),
                                bucket_cap_mb=25)
@@ -66,24 +77,29 @@ def measure(compressor: str, learners: int) -> dict[str, float]:
     model_kib = sum(p.numel() * p.element_size() for p in model.parameters()) / 1024
     dist.destroy_process_group()
     return {"compressor": compressor, "learners": learners, "base_kib": base,
-            "peak_kib": _peak_kib(), "model_kib": model_kib}
+            "peak_kib": _status_kib("VmHWM"), "model_kib": model_kib}
 
 
-def run_all() -> pd.DataFrame:
-    """Every pair, each in a fresh process; growth per learner in model sizes."""
-    rows = []
-    for compressor in COMPRESSORS:
-        for learners in LEARNERS:
-            proc = subprocess.run([sys.executable, "-m", "benchmarks.simulated_memory",
-                                   "--one", compressor, str(learners)], cwd=ROOT, check=True,
-                                  capture_output=True, text=True, env=_env())
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print(rows[-1], flush=True)
+def run_all(jobs: int = 1) -> pd.DataFrame:
+    """Every pair, each in a fresh process (``jobs`` at a time: a process's peak is its own);
+    growth per learner in model sizes."""
+    pairs = [(c, w) for c in COMPRESSORS for w in LEARNERS]
+    with ThreadPoolExecutor(jobs) as pool:
+        rows = list(pool.map(lambda pair: _child(*pair), pairs))
     frame = pd.DataFrame(rows)
     frame["growth_mib"] = (frame["peak_kib"] - frame["base_kib"]) / 1024
     frame["per_learner_models"] = (frame["peak_kib"] - frame["base_kib"]) / (
         frame["learners"] * frame["model_kib"])
     return frame
+
+
+def _child(compressor: str, learners: int) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.simulated_memory", "--one",
+                           compressor, str(learners)], cwd=ROOT, check=True,
+                          capture_output=True, text=True, env=_env())
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(row, flush=True)
+    return row
 
 
 def _env() -> dict[str, str]:
@@ -114,11 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--one", nargs=2, metavar=("COMPRESSOR", "W"))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--jobs", type=int, default=1, help="pairs measured at once")
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(measure(args.one[0], int(args.one[1]))))
         return 0
-    frame = run_all()
+    frame = run_all(args.jobs)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "simulated_memory.csv", index=False)
     (args.out / "simulated_memory.md").write_text(markdown(frame))

@@ -77,6 +77,7 @@ class AllWorkers:
     def __init__(self, states: list[HookState], rng: "WorkerRNG") -> None:
         self.states, self.rng = states, rng
         self.compressor = states[0].compressor
+        self.layers = states[0].layers  # names, shapes, levels (the same on every worker)
 
     def compressed_layers(self) -> list[str]:
         """The layers the compressor handles (the same on every worker)."""
