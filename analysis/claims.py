@@ -28,7 +28,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.ticker import ScalarFormatter  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
 from analysis.figures import STYLE  # noqa: E402
 from analysis.load import Frames, load_records  # noqa: E402
@@ -137,7 +137,7 @@ def _finish(fig: plt.Figure, acc: plt.Axes, comp: plt.Axes, xlabel: str) -> plt.
     """Both figures' axes: log2 x, accuracy and log compression y, the compression legend."""
     for ax in (acc, comp):
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())  # 1, 2, 4, ... rather than 2^k
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))  # 1, 2, 4 rather than 2^k
         ax.set_xlabel(xlabel)
     acc.set_ylabel("final test accuracy (%)")
     comp.set_ylabel("effective compression (x)")

@@ -62,7 +62,10 @@ def measure(compressor: str, learners: int) -> dict[str, float]:
     optimizer.step()
     base = _status_kib("VmRSS")
     _reset_peak()
-    cfg = OmegaConf.load(ROOT / "conf" / "compressor" / f"{compressor}.yaml")
+    # The option file's values, the run's seed (0) where it interpolates one (PowerSGD's Q).
+    cfg = OmegaConf.merge({"seed": 0}, {"c": OmegaConf.load(ROOT / "conf" / "compressor"
+                                                            / f"{compressor}.yaml")})
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)["c"])
     workers = SimulatedWorkers(model, cfg, [None] * learners, list(range(learners)),
                                bucket_cap_mb=25)
     for _ in range(STEPS):
