@@ -24,9 +24,14 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
 
+# AdaComp's claims on simulated learners (make claim-<name>): conf/sweep/claim_<name>.yaml, each
+# run one process of trainer.workers learners (launcher=simulated); figure and table ->
+# results/claims/<name>/ (analysis/claims.py).
+SIM_CLAIMS := learners minibatch
+
 .PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e bench-tta plan \
-	dashboard reproduce-all \
-	$(addprefix reproduce-,$(SWEEPS))
+	dashboard reproduce-all bench-simulated-memory \
+	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -43,6 +48,10 @@ $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/s
 	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
+
+$(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on simulated learners (conf/sweep/claim_%.yaml), then its figure and table -> results/claims/%/
+	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; \
+	$(PY) -m analysis.claims $* $(RUNS)/claim_$*/tiny --out results/claims/$*; exit $$status
 
 plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
 	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true
@@ -65,6 +74,9 @@ lint: $(VENV_STAMP) ## ruff
 
 clean: ## remove ad-hoc run outputs (keeps .venv and the sweeps' results/runs)
 	rm -rf outputs multirun wandb .pytest_cache
+
+bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8/32/128 x every compressor -> results/bench/simulated_memory.{csv,md}
+	$(PY) -m benchmarks.simulated_memory
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
 	$(PY) -m benchmarks.compressors

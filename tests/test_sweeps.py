@@ -115,7 +115,9 @@ def composed() -> dict[tuple[str, str], list]:
 
 
 def test_every_sweep_file_is_tested():
-    assert sorted(p.stem for p in (CONF / "sweep").glob("*.yaml")) == sorted(EXPECTED)
+    # (The claims' sweeps, conf/sweep/claim_*.yaml, are not paper tables: their own tests.)
+    assert sorted(p.stem for p in (CONF / "sweep").glob("*.yaml")
+                  if not p.stem.startswith("claim_")) == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -44,6 +44,22 @@ SEED_MAX = (2**32 - 1000) // 1000
 MAX_WORKERS = 256           # DataLoader processes per rank
 MAX_TIMEOUT_S = 7 * 86400   # a collective waiting a week is a hang
 MAX_BUCKET_MB = 65536       # DDP's bucket size in bytes must fit its integers
+MAX_SIMULATED = 4096        # simulated learners in one process (memory grows with them)
+
+
+def world_size(cfg: Any, processes: int) -> int:
+    """The job's data-parallel workers: ``trainer.workers`` simulated learners in this one
+    process, or (``trainer.workers: null``) its ``processes`` ranks. Checked first, before
+    :func:`validate` checks the batch against it."""
+    workers = cfg.trainer.get("workers")
+    if workers is None:
+        return processes
+    check_int(workers, "trainer.workers", 1, MAX_SIMULATED)
+    if processes > 1:
+        raise ConfigError(f"trainer.workers: {workers} simulated learners run in one process, "
+                          f"but this is one of {processes} ranks; start it without torchrun "
+                          f"(launcher=simulated), or set trainer.workers=null for real ranks")
+    return int(workers)
 
 
 def validate(cfg: Any, world_size: int, run_dir: Path) -> None:

@@ -23,12 +23,14 @@ from compression import HookState
 
 
 class EpochProgress:
-    """One rank's progress through ``epoch``: steps taken, summed train loss, examples."""
+    """One process's progress through ``epoch``: steps taken, the train loss summed per local
+    worker (one for a DDP rank, W for simulated learners), examples."""
 
-    def __init__(self, epoch: int, device: torch.device, step: int = 0, samples: int = 0,
-                 loss_sum: torch.Tensor | None = None, seconds: float = 0.0) -> None:
+    def __init__(self, epoch: int, device: torch.device, workers: int = 1, step: int = 0,
+                 samples: int = 0, loss_sum: torch.Tensor | None = None, seconds: float = 0.0
+                 ) -> None:
         self.epoch, self.step, self.samples = epoch, step, samples
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device) \
+        self.loss_sum = torch.zeros(workers, dtype=torch.float64, device=device) \
             if loss_sum is None else loss_sum.to(device)
         self._started = time.perf_counter() - seconds  # an earlier process's seconds count too
 
@@ -54,5 +56,5 @@ class EpochProgress:
         restored (call after the epoch's start: levels set, ``hook_state.reset_epoch()``)."""
         hook_state.load_epoch_state_dict(state["hook"], device)
         task.set_carry(state["carry"])
-        return cls(state["epoch"], device, state["step"], state["samples"], state["loss_sum"],
-                   state["seconds"])
+        return cls(state["epoch"], device, len(state["loss_sum"]), state["step"],
+                   state["samples"], state["loss_sum"], state["seconds"])
