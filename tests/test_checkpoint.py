@@ -61,10 +61,12 @@ def test_a_checkpoint_holds_every_part(group, tmp_path):
     checkpoint.save(tmp_path / "c.pt", cfg, 3, 12.5, model, optimizer, hook_state, scheduler)
     ckpt = torch.load(tmp_path / "c.pt", weights_only=False)
     assert ckpt["epoch"] == 3 and ckpt["elapsed_s"] == 12.5 and ckpt["world_size"] == 1
-    assert ckpt["sampler"] == {"epoch": 3, "seed": 7}
+    assert ckpt["sampler"] == {"epoch": 3, "seed": 7, "step": 0}  # an epoch-end checkpoint
     assert ckpt["config"] == {"seed": 7, "name": "7-x"}  # resolved
     assert ckpt["scheduler"] == scheduler.state_dict()
-    assert len(ckpt["per_rank"]) == 1 and set(ckpt["per_rank"][0]) == {"rng", "compressor"}
+    assert len(ckpt["per_rank"]) == 1
+    assert set(ckpt["per_rank"][0]) == {"rng", "compressor", "progress"}
+    assert ckpt["per_rank"][0]["progress"] is None  # an epoch-end checkpoint
     assert ckpt["per_rank"][0]["compressor"]["layers"]["0.weight"]["level"] == 0.25
     for key, value in model.state_dict().items():
         assert torch.equal(ckpt["model"][key], value)
@@ -80,8 +82,8 @@ def test_load_restores_everything_and_the_rng_streams(group, tmp_path):
 
     fresh = parts(seed=5)  # other weights, no momentum, default levels, empty history
     draws(), draws()  # the streams move on
-    epoch, elapsed = checkpoint.load(tmp_path / "c.pt", *fresh)
-    assert (epoch, elapsed) == (1, 4.0)
+    epoch, elapsed, progress = checkpoint.load(tmp_path / "c.pt", *fresh)
+    assert (epoch, elapsed, progress) == (1, 4.0, None)
     again = draws()
     assert again[:2] == after_save[:2] and torch.equal(again[2], after_save[2])
 

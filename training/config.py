@@ -187,6 +187,8 @@ def _check_model_fits_data(model_cfg: Any, dataset: Any) -> None:
 
 def _check_trainer(t: Any, world_size: int) -> None:
     check_int(t.epochs, "trainer.epochs", 1)
+    if t.get("workers") is not None:  # (world_size() checked it already when run.py starts)
+        check_int(t.workers, "trainer.workers", 1, MAX_SIMULATED)
     check_int(t.batch_size, "trainer.batch_size", 1)
     check_int(t.eval_batch_size, "trainer.eval_batch_size", 1)
     check_int(t.num_workers, "trainer.num_workers", 0, MAX_WORKERS)
