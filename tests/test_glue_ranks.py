@@ -64,7 +64,7 @@ def _checkpoint(rank: int, path: str) -> dict[str, Any]:
     saved = (random.random(), float(np.random.rand()), torch.rand(2).tolist())
     random.seed(99), np.random.seed(99), torch.manual_seed(99)
     hook.layers["weight"].memory["error"].zero_()
-    epoch, _ = checkpoint.load(Path(path), model, optimizer, hook, scheduler)
+    epoch, _, _ = checkpoint.load(Path(path), model, optimizer, hook, scheduler)
     restored = (random.random(), float(np.random.rand()), torch.rand(2).tolist())
     return {"saved": saved, "restored": restored, "epoch": epoch,
             "error": hook.layers["weight"].memory["error"].tolist()}
