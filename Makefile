@@ -9,7 +9,7 @@ export WANDB_MODE ?= offline
 # Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|submitit_local,
 # SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
 # ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go).
-SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp
+SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp ablation_ef
 SCALE ?= paper
 LAUNCHER ?= local
 SEEDS ?=
@@ -24,13 +24,16 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
 
-# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale
-# on 2 CPU ranks, then analysis/claims_<name>.py -> results/claims/<name>/{<name>.png,table.md}
+# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale.
+# On 2 CPU ranks, then analysis/claims_<name>.py -> results/claims/<name>/{<name>.png,table.md}:
 CLAIMS := residues fig2b overlap batch
+# AdaComp's claims on simulated learners: each run one process of trainer.workers learners
+# (launcher=simulated); figure and table -> results/claims/<name>/ (analysis/claims.py):
+SIM_CLAIMS := learners minibatch
 
-.PHONY: install demo test test-fast lint clean stress report bench-compressors bench-e2e bench-tta plan \
-	dashboard reproduce-all claims \
-	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS))
+.PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
+	bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
+	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
 
@@ -53,7 +56,11 @@ $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/cla
 		runs_root=$(RUNS) $(ONLY); status=$$?; $(PY) -m analysis.claims_$* $(RUNS) --scale tiny; \
 		exit $$status
 
-claims: $(addprefix claim-,$(CLAIMS)) ## every claim sweep, one after another
+claims: $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)) ## every claim sweep, one after another
+
+$(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on simulated learners (conf/sweep/claim_%.yaml), then its figure and table -> results/claims/%/
+	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; \
+	$(PY) -m analysis.claims $* $(RUNS)/claim_$*/tiny --out results/claims/$*; exit $$status
 
 plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
 	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true
@@ -68,11 +75,17 @@ test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 test-fast: $(VENV_STAMP) ## tests without the slow ones
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_FLAGS)
 
+mutate: $(VENV_STAMP) ## mutation testing of the glue modules (mutmut) [GROUPS="hook lr ..."] -> results/mutation/
+	$(PY) -m tests.mutate $(GROUPS)
+
 lint: $(VENV_STAMP) ## ruff
 	$(PY) -m ruff check .
 
 clean: ## remove ad-hoc run outputs (keeps .venv and the sweeps' results/runs)
 	rm -rf outputs multirun wandb .pytest_cache
+
+bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8/32/128 x every compressor -> results/bench/simulated_memory.{csv,md}
+	$(PY) -m benchmarks.simulated_memory
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
 	$(PY) -m benchmarks.compressors

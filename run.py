@@ -2,14 +2,16 @@
 
     python run.py model=resnet18 dataset=digits trainer.epochs=2            # one process
     torchrun --standalone --nproc-per-node 2 run.py dataset=digits           # DDP on 2 ranks
+    python run.py launcher=simulated trainer.workers=128 dataset=digits      # 128 in 1 process
     srun python run.py ...                                                   # Slurm tasks
     python run.py -m sweep=table1 scale=tiny                                 # a paper table
     python run.py -m sweep=table1 launcher=slurm                             # ... on Slurm
 
 Read top to bottom: check the config, start the process group, decide what the run directory
 calls for (start, resume, skip: training/runs.py), build model and DDP with the compression
-hook, then train epoch by epoch. Rank 0 leaves the run record in the Hydra output directory
-(see core/record.py) and logs to W&B.
+hook, then train epoch by epoch. A preemption signal stops every rank at one step boundary
+with a mid-epoch checkpoint (training/signals.py, training/progress.py). Rank 0 leaves the run
+record in the Hydra output directory (see core/record.py) and logs to W&B.
 """
 
 from __future__ import annotations
@@ -29,22 +31,22 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import compression
 import data
 import models
 import schedulers
-from compression.hook import comm_hook
+import training.workers
 from core import distributed, record
 from core.errors import ConfigError
 from core.lr import lr_at
 from training import checkpoint, config, faults, optim, runs, signals
-from training.tasks import make_task
+from training.progress import EpochProgress
 from training.wandb_logger import NullLogger, WandbLogger
 
 LOG = logging.getLogger("accordion-bench")
+Workers = training.workers.Rank | training.workers.SimulatedWorkers
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -54,9 +56,10 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (training/signals)
     try:
-        config.validate(cfg, env.world_size, run_dir)
+        world_size = config.world_size(cfg, env.world_size)  # ranks, or simulated learners
+        config.validate(cfg, world_size, run_dir)
         bundle = data.build(cfg.dataset)
-        config.prepare(cfg, bundle, env.world_size, run_dir)
+        config.prepare(cfg, bundle, world_size, run_dir)
         train(cfg, env, run_dir, bundle)
     except ConfigError as exc:  # before the group starts, or found by the data or a checkpoint
         print(f"error: {exc}", file=sys.stderr)
@@ -64,6 +67,9 @@ def main(cfg: DictConfig) -> None:
     except faults.RunFailed as exc:  # a lost peer, a full disk: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
+    except signals.Preempted as exc:  # checkpointed mid-epoch: requeued (submitit) or resumed
+        print(f"{exc}; {faults.record_line(run_dir)}", file=sys.stderr)
+        signals.exit_preempted(exc, env.rank)
 
 
 def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle
@@ -74,7 +80,8 @@ def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data
     distributed.init(env, device, float(cfg.trainer.dist_timeout_s))
     try:
         run_dir = _shared_run_dir(run_dir)
-        action = _from_rank0(_decide(cfg, run_dir, env.world_size) if env.is_main else None)
+        world_size = config.world_size(cfg, env.world_size)
+        action = _from_rank0(_decide(cfg, run_dir, world_size) if env.is_main else None)
         if isinstance(action, ConfigError):  # the directory holds another config's run
             raise action
         if action is runs.Action.SKIP:
@@ -108,45 +115,56 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     model = models.build(**cfg.model).to(device)
     faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
     checkpoint.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
-    task = make_task(bundle, env, cfg, device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=float(t.bucket_cap_mb))
-    hook_state = compression.build(cfg.compressor, model.named_parameters(),
-                                   overlap=compression.overlap.from_config(cfg.observe))
-    ddp.register_comm_hook(hook_state, comm_hook)
+    # This rank (DDP, the comm hook aggregates), or trainer.workers simulated learners.
+    workers = training.workers.build(model, cfg, env, bundle, device)
+    task, hook_state = workers.tasks[0], workers.hook_state
     scheduler = schedulers.build(cfg.scheduler)
     o = cfg.optimizer
     optimizer = optim.build(o, model.parameters())
 
-    start_epoch, elapsed_s = 0, 0.0
-    if resume:
-        start_epoch, elapsed_s = checkpoint.load(run_dir / record.CHECKPOINT, model, optimizer,
-                                                 hook_state, scheduler)
+    start_epoch, elapsed_s, saved = 0, 0.0, None
+    if resume:  # saved: this rank's progress through start_epoch, if it stopped mid-epoch
+        start_epoch, elapsed_s, saved = checkpoint.load(run_dir / record.CHECKPOINT, model,
+                                                        optimizer, hook_state, scheduler)
     log = record.MetricsLog(run_dir, keep_epochs=start_epoch) if env.is_main else None
     logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
 
     amp = bool(t.amp) and device.type == "cuda"
+    # A preemption signal stops the ranks at one step boundary (simulated learners: at once,
+    # resumed from the last epoch's checkpoint).
+    preemptible = bool(t.preempt_signals) and isinstance(workers, training.workers.Rank)
+    stop = signals.StopCheck(int(t.preempt_check_every), enabled=preemptible)
     status, why, started = "running", None, time.perf_counter() - elapsed_s
+    signals.defer(t.preempt_signals if preemptible else [])
     try:
         for epoch in range(start_epoch, t.epochs):
             row: dict[str, Any] = {"epoch": epoch}
             row.update(scheduler.start_epoch(epoch, hook_state))  # per-layer levels of this epoch
             batch_size = scheduler.batch_size(epoch, t.batch_size)
-            task.set_batch_size(batch_size)
+            workers.set_batch_size(batch_size)
             lr = lr_at(o, epoch) * scheduler.lr_scale(epoch)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             row.update({"lr": lr, "batch_size": batch_size})
             hook_state.reset_epoch(epoch)
+            progress = EpochProgress(epoch, device, len(workers.tasks)) if saved is None else \
+                EpochProgress.resume(saved, hook_state, task, device)  # continue a stopped epoch
+            saved = None
 
             # ---- train one epoch: the comm hook aggregates (and compresses) in backward -------
-            epoch_start = time.perf_counter()
-            row["train/loss"], samples = _train_epoch(epoch, task, ddp, optimizer, t, env, amp)
-            epoch_s = time.perf_counter() - epoch_start
+            try:
+                row["train/loss"], samples = _train_epoch(workers, optimizer, t, env, amp,
+                                                          progress, stop)
+            except signals.Preempted:  # every rank stopped at this step: checkpoint mid-epoch
+                checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch,
+                                time.perf_counter() - started, model, optimizer, hook_state,
+                                scheduler, progress.state_dict(hook_state, task))
+                raise
+            epoch_s = progress.seconds()
 
             # ---- evaluate, record -------------------------------------------------------------
             _sync_buffers(model)
-            row.update(task.evaluate(model))
+            row.update(workers.evaluate())
             row.update(hook_state.epoch_stats())
             row["time/epoch_s"] = epoch_s
             row["samples_per_s"] = samples * env.world_size / epoch_s
@@ -173,9 +191,11 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             end = faults.ending(exc, env.rank, env.world_size, float(t.dist_timeout_s))
             note = _record_failure(run_dir, log, end, task.metric, started)
             logger.finish(exit_code=1)
-        if end.line is None:  # a bug, or a signal: keep Python's own way out
+        if end.line is None:  # a bug, a signal, a preemption: keep Python's own way out
             raise
         raise faults.RunFailed(f"{end.line}{note}; {faults.record_line(run_dir)}") from exc
+    finally:
+        signals.undefer()
 
     rows = log.rows if log is not None else []
     summary = record.summarize(rows, status, task.metric, time.perf_counter() - started)
@@ -192,19 +212,26 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimizer, t: Any,
-                 env: distributed.DistEnv, amp: bool) -> tuple[float, int]:
-    """One epoch of optimizer steps; returns (mean train loss over all ranks, this rank's samples).
+def _train_epoch(workers: Workers, optimizer: torch.optim.Optimizer, t: Any,
+                 env: distributed.DistEnv, amp: bool, progress: EpochProgress,
+                 stop: signals.StopCheck) -> tuple[float, int]:
+    """The epoch's optimizer steps from ``progress.step`` on; returns (mean train loss over all
+    workers, this process's samples). Raises :class:`signals.Preempted` at the step boundary
+    where the ranks agree to stop on a preemption signal (``progress`` then says how far it got).
 
     A batch larger than ``trainer.micro_batch_size`` is split and its gradients accumulated
     under ``no_sync``: only the last micro-batch's backward runs the comm hook.
     """
+    ddp = workers.ddp
     device = next(ddp.parameters()).device
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    samples, steps = 0, task.steps_per_epoch()
-    bar = tqdm(total=steps, desc=f"epoch {epoch}", leave=False, disable=not _show_bar(t, env))
-    for step, batch in enumerate(task.batches(epoch)):
-        optimizer.zero_grad(set_to_none=True)
+    epoch, steps = progress.epoch, workers.tasks[0].steps_per_epoch()
+    batches = [task.batches(epoch, start=progress.step) for task in workers.tasks]
+    samples = 0  # this step's, over the process's workers
+
+    def local_backward(w: int) -> None:  # worker w's forward and backward of this step
+        nonlocal samples
+        task = workers.tasks[w]
+        batch = next(batches[w])  # read inside the worker (its own RNG streams)
         micro_batches = task.split(batch, t.micro_batch_size)
         n = task.size(batch)
         for i, micro in enumerate(micro_batches):
@@ -214,18 +241,30 @@ def _train_epoch(epoch: int, task: Any, ddp: DDP, optimizer: torch.optim.Optimiz
                     loss, m = task.loss(ddp, micro)
                     loss = loss * (m / n)
                 loss.backward()
-            loss_sum += loss.detach().double()
+            progress.loss_sum[w] += loss.detach().double()
+        samples += n
+
+    bar = tqdm(total=steps, initial=progress.step, desc=f"epoch {epoch}", leave=False,
+               disable=not _show_bar(t, env))
+    while progress.step < steps:
+        optimizer.zero_grad(set_to_none=True)
+        samples = 0
+        workers.step(local_backward)
         if t.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(ddp.module.parameters(), float(t.grad_clip))
         optimizer.step()
-        samples += n
-        if not bar.disable and (step % 10 == 0 or step == steps - 1):
-            rate = samples * env.world_size / bar.format_dict["elapsed"]
-            bar.set_postfix(loss=f"{loss_sum.item() / (step + 1):.3f}", samples_s=f"{rate:.0f}")
+        progress.step_done(samples)
+        if not bar.disable and (progress.step % 10 == 1 or progress.step == steps):
+            rate = progress.samples * env.world_size / progress.seconds()
+            bar.set_postfix(loss=f"{progress.loss_sum[0].item() / progress.step:.3f}",
+                            samples_s=f"{rate:.0f}")
         bar.update()
+        signum = stop.due(progress.step)  # collective: the same answer on every rank
+        if signum:
+            bar.close()
+            raise signals.Preempted(signum, epoch, progress.step)
     bar.close()
-    dist.all_reduce(loss_sum)
-    return loss_sum.item() / (steps * env.world_size), samples
+    return workers.mean_loss(progress.loss_sum, steps), progress.samples
 
 
 def _end_of_epoch(hook_state: compression.HookState, env: distributed.DistEnv

@@ -14,7 +14,7 @@ import sys
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.claims import main, markdown
+from analysis.claims_common import main, markdown
 from analysis.load import Frames
 
 NAME, SWEEP = "fig2b", "claim_fig2b"

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.claims import layer_columns, main, markdown
+from analysis.claims_common import layer_columns, main, markdown
 from analysis.load import Frames
 
 NAME, SWEEP = "residues", "claim_residues"

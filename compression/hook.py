@@ -218,6 +218,28 @@ class HookState:
             self.layers[name].level = saved["level"]
             self.layers[name].memory = {k: v.clone() for k, v in saved["memory"].items()}
 
+    def epoch_state_dict(self) -> dict[str, Any]:
+        """This worker's sums of the epoch so far (Delta_e, bits, sent counts, compress time,
+        steps, the first non-finite sum): with :meth:`state_dict`, what continues an epoch
+        that stopped at a step boundary (a mid-epoch checkpoint)."""
+        return {"grad_sums": {n: g.clone() for n, g in self.grad_sums.items()},
+                "bits": self.bits, "wire_bits": self.wire_bits, "bits_dense": self.bits_dense,
+                "type_bits": dict(self.type_bits), "type_bits_dense": dict(self.type_bits_dense),
+                "chosen": {n: list(c) for n, c in self.chosen.items()},
+                "compress_s": self.timer.seconds, "step": self.step,
+                "nonfinite": self.nonfinite()}
+
+    def load_epoch_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        """Continue the epoch :meth:`epoch_state_dict` saved (after :meth:`reset_epoch`)."""
+        self.grad_sums = {n: g.to(device).clone() for n, g in state["grad_sums"].items()}
+        self.bits, self.wire_bits = state["bits"], state["wire_bits"]
+        self.bits_dense = state["bits_dense"]
+        self.type_bits = dict(state["type_bits"])
+        self.type_bits_dense = dict(state["type_bits_dense"])
+        self.chosen = {n: list(c) for n, c in state["chosen"].items()}
+        self.timer.seconds, self.step = state["compress_s"], state["step"]
+        self._nonfinite = state["nonfinite"]
+
     # ---- used by the hook ---------------------------------------------------------------
     def name_of(self, param: nn.Parameter) -> str:
         """The name of one of the model's parameters."""

@@ -179,7 +179,8 @@ def test_portable_kernel_loops_are_bitwise_the_eager_path() -> None:
         "test_adacomp_kernel_is_bitwise_the_eager_path",
         "test_adacomp_kernel_aggregate_is_bitwise_the_eager_path",
         "test_adacomp_kernel_level_change_is_bitwise_the_eager_path",
-        "test_adacomp_decompress_sums_workers_in_order")] + ["tests/test_topk_kernel.py"]
+        "test_adacomp_decompress_sums_workers_in_order")] + ["tests/test_topk_kernel.py",
+                                                             "tests/test_adacomp_threshold.py"]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *tests], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, PORTABLE_ENV: "1"})

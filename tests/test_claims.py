@@ -139,7 +139,7 @@ def test_residue_analysis_reads_growth_and_selection(tmp_path):
 
 def test_overlap_analysis_averages_layers_per_epoch(tmp_path):
     from analysis import claims_overlap
-    from analysis.claims import load_sweep
+    from analysis.claims_common import load_sweep
 
     for c in claim_runs("overlap", "method=batch512"):
         rows = [{**base_row(e, 50.0), "overlap/a": 0.5, "overlap/b": 0.7 + 0.1 * e,

@@ -78,7 +78,8 @@ KINDS = {
     "model.dropout": "float", "model.compression": "float", "dataset.test_fraction": "float",
     "dataset.smooth": "int?", "dataset.label_noise": "float", "scheduler.levels": "list_float?",
     "scheduler.batch_sizes": "list_int?", "scheduler.base_batch": "int?", "optimizer.eps": "float",
-    "optimizer.betas": "list_float",
+    "optimizer.betas": "list_float", "logger.tags": "list_str",
+    "trainer.workers": "int?",
 }
 CHOICE_FIELDS = ("trainer.device", "trainer.progress", "logger.mode", "compressor.reduce",
                  "scheduler.lr_scaling", "dataset.eval_split", "model.classifier", "dataset.task")
@@ -87,8 +88,10 @@ CHOICE_FIELDS = ("trainer.device", "trainer.progress", "logger.mode", "compresso
 RANGES = {
     "seed": (0, 4294966), "trainer.epochs": (1, None), "trainer.batch_size": (1, None),
     "trainer.eval_batch_size": (1, None), "trainer.num_workers": (0, 256),
+    "trainer.workers": (1, 4096),
     "trainer.micro_batch_size": (1, None), "trainer.grad_clip": (0.0, None, True),
     "trainer.dist_timeout_s": (0.0, 604800.0, True), "trainer.bucket_cap_mb": (0.0, 65536.0, True),
+    "trainer.preempt_check_every": (1, None),
     "optimizer.lr": (0.0, None, True), "optimizer.momentum": (0.0, 1.0, False, True),
     "optimizer.weight_decay": (0.0, None), "optimizer.schedule.warmup_epochs": (0, None),
     "optimizer.schedule.warmup_start_lr": (0.0, None, True),

@@ -62,7 +62,8 @@ def test_relaunch_skips_resumes_and_reruns(tmp_path):
     assert summary(dirs["rank2"])["status"] == "completed"
     interrupted = read_rows(dirs["rank1"])
     assert 2 <= len(interrupted) < 4
-    assert summary(dirs["rank1"])["status"] == "failed: SystemExit: 143"
+    # torchrun passed the SIGTERM on: the workers stopped together at a step boundary
+    assert summary(dirs["rank1"])["status"].startswith("preempted: SIGTERM at epoch ")
     assert not dirs["accordion_rank2_rank1"].exists()
     # 2. A run that crashed: its record says so.
     (dirs["rank2"] / "summary.json").write_text(json.dumps({"status": "failed: RuntimeError: x"}))

@@ -23,26 +23,33 @@ from core import record
 from core.errors import ConfigError
 from schedulers import Scheduler
 from training import runs
+from training.simulated import AllWorkers
 
 
 def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.nn.Module,
-         optimizer: torch.optim.Optimizer, hook_state: HookState, scheduler: Scheduler) -> None:
+         optimizer: torch.optim.Optimizer, hook_state: HookState | AllWorkers,
+         scheduler: Scheduler, progress: dict[str, Any] | None = None) -> None:
     """Gather every rank's own state (RNG, compressor memories); rank 0 writes the checkpoint.
 
-    Collective: every rank must call it.
+    ``progress``: this rank's part of a mid-epoch checkpoint
+    (:meth:`training.progress.EpochProgress.state_dict`); ``next_epoch`` is then the epoch it
+    stopped in. Collective: every rank must call it. Simulated learners (``hook_state`` an
+    :class:`~training.simulated.AllWorkers`) store each worker's state as a rank's; they
+    checkpoint at epoch ends only.
     """
-    mine = {"rng": _rng_state(), "compressor": _to_cpu(hook_state.state_dict())}
-    per_rank: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, mine)
+    per_rank = _rank_states(hook_state, progress)
     if dist.get_rank() == 0:
         record.save_checkpoint(path, {
+            "format": FORMAT,
             "epoch": next_epoch,
+            "step": 0 if progress is None else int(progress["step"]),
             "elapsed_s": elapsed_s,
-            "world_size": dist.get_world_size(),
+            "world_size": len(per_rank),
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "sampler": {"epoch": next_epoch, "seed": int(cfg.seed)},
+            "sampler": {"epoch": next_epoch, "seed": int(cfg.seed),
+                        "step": 0 if progress is None else int(progress["step"])},
             "per_rank": per_rank,
             "config": OmegaConf.to_container(cfg, resolve=True),
         })
@@ -50,17 +57,39 @@ def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.n
 
 
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         hook_state: HookState, scheduler: Scheduler) -> tuple[int, float]:
-    """Restore a checkpoint on this rank; returns (first epoch to run, elapsed seconds)."""
+         hook_state: HookState | AllWorkers, scheduler: Scheduler
+         ) -> tuple[int, float, dict[str, Any] | None]:
+    """Restore a checkpoint on this rank; returns (first epoch to run, elapsed seconds, this
+    rank's progress through that epoch if the checkpoint was written mid-epoch, else None)."""
     ckpt = record.load_checkpoint(path)  # checked before the group started (check_resumable)
     device = next(model.parameters()).device
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
+    if isinstance(hook_state, AllWorkers):
+        hook_state.load_rank_states([
+            {"rng": r["rng"], "compressor": _map_tensors(r["compressor"], lambda t: t.to(device))}
+            for r in ckpt["per_rank"]])
+        return int(ckpt["epoch"]), float(ckpt["elapsed_s"]), None
     mine = ckpt["per_rank"][dist.get_rank()]
     hook_state.load_state_dict(_map_tensors(mine["compressor"], lambda t: t.to(device)))
     _set_rng_state(mine["rng"])
-    return int(ckpt["epoch"]), float(ckpt["elapsed_s"])
+    return int(ckpt["epoch"]), float(ckpt["elapsed_s"]), mine.get("progress")
+
+
+def _rank_states(hook_state: HookState | AllWorkers, progress: dict[str, Any] | None
+                 ) -> list[Any]:
+    """Every rank's own state, in rank order (a DDP job gathers it; simulated learners hold
+    it all)."""
+    if isinstance(hook_state, AllWorkers):
+        if progress is not None:
+            raise ValueError("simulated learners checkpoint at epoch ends only")
+        return _to_cpu(hook_state.rank_states())
+    mine = {"rng": _rng_state(), "compressor": _to_cpu(hook_state.state_dict()),
+            "progress": _to_cpu(progress)}
+    per_rank: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, mine)
+    return per_rank
 
 
 def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
@@ -69,7 +98,7 @@ def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
     (Here rather than in run.py: submitit pickles run.py's functions by value, and
     ``torch.backends.cudnn`` is a module object that cannot be pickled so.)
     """
-    s = int(seed) * 1000 + rank
+    s = rank_seed(seed, rank)
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)
@@ -79,10 +108,18 @@ def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The data-side seed of rank ``rank`` (of a simulated worker too)."""
+    return int(seed) * 1000 + rank
+
+
 # Config keys that do not change a run's results: a resumed run may differ from its checkpoint
 # in these (a key names itself and everything under it), and may run more epochs.
 RESULT_NEUTRAL = (*runs.RUNTIME_KEYS, "trainer.epochs")
 KEYS = ("epoch", "elapsed_s", "world_size", "model", "optimizer", "scheduler", "per_rank", "config")
+# 1: epoch-end checkpoints only (no "format" key); 2: "step" > 0 marks a mid-epoch checkpoint,
+# whose per-rank parts hold each rank's "progress" (training/progress.py).
+FORMAT = 2
 
 
 def check_resumable(run_dir: Path, cfg: Any, world_size: int) -> int:
@@ -99,6 +136,10 @@ def check_resumable(run_dir: Path, cfg: Any, world_size: int) -> int:
         raise ConfigError(f"resume: no {record.CHECKPOINT} in {run_dir}; pass the run's "
                           f"directory as hydra.run.dir=<dir> to resume it")
     ckpt = _read_whole(path)
+    if int(ckpt.get("format", 1)) > FORMAT:
+        raise ConfigError(f"resume: {path} has checkpoint format {ckpt['format']}, newer than "
+                          f"this version of the suite reads ({FORMAT}); resume it with the "
+                          f"version that wrote it")
     if ckpt["world_size"] != world_size:
         raise ConfigError(f"resume: {path} was written by {ckpt['world_size']} ranks; resume it "
                           f"with the same number, not {world_size}")

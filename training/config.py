@@ -34,7 +34,7 @@ from core.errors import (
     check_str,
 )
 from core.record import CHECKPOINT
-from training import checkpoint, optim, tasks, wandb_logger
+from training import checkpoint, optim, signals, tasks, wandb_logger
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # Groups whose option file (conf/<group>/<name>.yaml) lists their keys.
@@ -44,6 +44,22 @@ SEED_MAX = (2**32 - 1000) // 1000
 MAX_WORKERS = 256           # DataLoader processes per rank
 MAX_TIMEOUT_S = 7 * 86400   # a collective waiting a week is a hang
 MAX_BUCKET_MB = 65536       # DDP's bucket size in bytes must fit its integers
+MAX_SIMULATED = 4096        # simulated learners in one process (memory grows with them)
+
+
+def world_size(cfg: Any, processes: int) -> int:
+    """The job's data-parallel workers: ``trainer.workers`` simulated learners in this one
+    process, or (``trainer.workers: null``) its ``processes`` ranks. Checked first, before
+    :func:`validate` checks the batch against it."""
+    workers = cfg.trainer.get("workers")
+    if workers is None:
+        return processes
+    check_int(workers, "trainer.workers", 1, MAX_SIMULATED)
+    if processes > 1:
+        raise ConfigError(f"trainer.workers: {workers} simulated learners run in one process, "
+                          f"but this is one of {processes} ranks; start it without torchrun "
+                          f"(launcher=simulated), or set trainer.workers=null for real ranks")
+    return int(workers)
 
 
 def validate(cfg: Any, world_size: int, run_dir: Path) -> None:
@@ -172,6 +188,8 @@ def _check_model_fits_data(model_cfg: Any, dataset: Any) -> None:
 
 def _check_trainer(t: Any, world_size: int) -> None:
     check_int(t.epochs, "trainer.epochs", 1)
+    if t.get("workers") is not None:  # (world_size() checked it already when run.py starts)
+        check_int(t.workers, "trainer.workers", 1, MAX_SIMULATED)
     check_int(t.batch_size, "trainer.batch_size", 1)
     check_int(t.eval_batch_size, "trainer.eval_batch_size", 1)
     check_int(t.num_workers, "trainer.num_workers", 0, MAX_WORKERS)
@@ -191,3 +209,5 @@ def _check_trainer(t: Any, world_size: int) -> None:
     if t.progress != "auto" and not isinstance(t.progress, bool):
         raise ConfigError(f"trainer.progress: expected auto, true or false, got {t.progress!r}")
     check_bool(t.deterministic, "trainer.deterministic")
+    signals.check_names(t.preempt_signals)
+    check_int(t.preempt_check_every, "trainer.preempt_check_every", 1)

@@ -29,6 +29,7 @@ from torch import nn
 from core import distributed
 from core.errors import ConfigError
 from core.record import RecordError
+from training import signals
 
 # How long a rank that saw a collective fail waits for the other ranks' posts (at most
 # trainer.dist_timeout_s): a rank that failed on its own posts before it exits.
@@ -76,6 +77,8 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 def ending(exc: BaseException, rank: int, world_size: int, timeout_s: float) -> Ending:
     """How this rank's run ends by ``exc``; posts it for the other ranks (see the module doc)."""
+    if isinstance(exc, signals.Preempted):  # every rank stopped together, checkpointed
+        return Ending(str(exc), None, rank == 0)
     wait_s = min(WAIT_S, timeout_s)
     mine = reason(exc)
     if not is_peer_failure(exc) or world_size == 1:

@@ -9,17 +9,19 @@ state            the directory holds                          resume=auto  resum
 new              no record                                    start        start         error
 completed        summary.json: completed or diverged          skip         start over    resume
 interrupted      a checkpoint and no summary, or a summary    resume       start over    resume
-                 ``failed: SystemExit`` / ``KeyboardInterrupt``
-                 (killed, preempted, timed out)
+                 ``preempted``, ``failed: SystemExit`` /
+                 ``KeyboardInterrupt`` (killed, preempted,
+                 timed out)
 failed           summary.json: failed with another error      rerun        start over    resume
 ===============  ==========================================  ===========  ============  ===========
 
-"resume" continues from ``checkpoint.pt`` (epoch granularity; an interrupted run without one
-starts over); "rerun" moves the failed record (metrics, summary, checkpoint) to
-``failed/<k>/`` and starts over. Whatever the state, a directory whose ``config.yaml`` (the
-resolved config written at the run's first start) differs from the run's config is refused
-with one line: keys that do not change results (``RUNTIME_KEYS``) are not compared, nor
-``trainer.epochs`` when ``resume=true`` (extending a finished run is allowed).
+"resume" continues from ``checkpoint.pt`` (the end of an epoch, or the step a preempted run
+stopped at; an interrupted run without one starts over); "rerun" moves the failed record
+(metrics, summary, checkpoint) to ``failed/<k>/`` and starts over. Whatever the state, a
+directory whose ``config.yaml`` (the resolved config written at the run's first start)
+differs from the run's config is refused with one line: keys that do not change results
+(``RUNTIME_KEYS``) are not compared, nor ``trainer.epochs`` when ``resume=true`` (extending
+a finished run is allowed).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ FAILED_DIR = "failed"
 # Settings that do not change a run's results: a relaunch may differ in them. (Not
 # trainer.num_workers: DataLoader workers draw the augmentations from seeds of their own.)
 RUNTIME_KEYS = ("resume", "name", "runs_root", "logger", "trainer.progress",
-                "trainer.dist_timeout_s", "dataset.root", "dataset.download", "observe")
-INTERRUPTIONS = ("failed: SystemExit", "failed: KeyboardInterrupt")
+                "trainer.dist_timeout_s", "trainer.preempt_signals", "trainer.preempt_check_every",
+                "dataset.root", "dataset.download", "observe")
+INTERRUPTIONS = ("preempted", "failed: SystemExit", "failed: KeyboardInterrupt")
 
 
 class State(StrEnum):

@@ -1,17 +1,28 @@
 """How a rank reacts to the signals that end jobs early: the one place for it.
 
-- Under submitit (hydra-submitit-launcher on Slurm, or its local executor), submitit's handlers
-  stay: its preemption / time-limit signal (SIGUSR2 by default; Slurm sends it ``signal_delay_s``
-  before the limit) makes rank 0 call the launcher's ``checkpoint()``, requeue the job and exit,
-  and SIGTERM is logged and ignored. The requeued job starts the same run again, and
-  ``resume: auto`` continues it from its last epoch checkpoint (training/runs.py).
-- Elsewhere (`kill`, torchrun stopping the other workers when one fails, srun), SIGTERM ends the
-  run through ``SystemExit(143)``, so that ``summary.json`` records ``failed: SystemExit: 143``:
-  an interruption, which a relaunch of the sweep resumes from the last epoch's checkpoint.
-- While the run writes down how it ended (:func:`shield`), a SIGTERM is held, not acted on: the
-  summary is written whole, then the run ends as it was ending anyway.
+Preemption (``trainer.preempt_signals``, default SIGTERM and SIGUSR1: Slurm's warning before
+the time limit with ``--signal=USR1@<seconds>``). While the training loop runs
+(:func:`defer`), such a signal only asks the run to stop: every ``trainer.preempt_check_every``
+steps the ranks all-reduce the signal they hold (:class:`StopCheck`, MAX of one integer), so a
+signal that reaches the ranks at different times still stops them all at the same step. They
+save a mid-epoch checkpoint there (training/progress.py) and end through :class:`Preempted`:
 
-(Checkpointing at the next step on SIGTERM / SIGUSR1 would hook in here.)
+- under submitit (hydra-submitit-launcher on Slurm, or its local executor), rank 0 then takes
+  submitit's own requeue path (:func:`exit_preempted`: the launcher's ``checkpoint()``, ``scontrol
+  requeue`` or the local executor's requeue status); the requeued job finds the run
+  interrupted and ``resume: auto`` continues it mid-epoch. SIGTERM is the exception: Slurm sends
+  it on ``scancel`` too, so it ends the job (exit 143) without a requeue of its own (a preempted
+  job that Slurm requeues itself resumes as well). Submitit's own signal
+  (``SUBMITIT_PREEMPT_SIGNAL``, SIGUSR2) is always one of the preemption signals there;
+- elsewhere (`kill`, torchrun, srun), the job exits with status 128 + the signal, and
+  ``summary.json`` says ``preempted: ...``: an interruption, which ``resume=true`` or a relaunch
+  of the sweep (``resume=auto``) continues mid-epoch.
+
+A second preemption signal while the first is pending ends the run at once, and so does SIGTERM
+outside the training loop (starting up, or after the last epoch): ``SystemExit(128 +
+signal)``, and the summary says ``failed: SystemExit: <status>`` (also an interruption, resumed
+from the last checkpoint). Under submitit, outside the loop, submitit's handlers stay as they
+are. While the run writes down how it ended (:func:`shield`), signals are held, not acted on.
 """
 
 from __future__ import annotations
@@ -19,28 +30,98 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
-HANDLED = (signal.SIGTERM,)
-_state = {"shielded": False}
+import torch
+import torch.distributed as dist
+
+from core.errors import ConfigError
+
+ALLOWED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT")
+_state: dict[str, Any] = {"shielded": False, "deferring": False, "requested": 0,
+                          "requeue": None, "signals": ()}
 _held: list[int] = []
 
 
+class Preempted(Exception):  # noqa: N818 (what happened, not an error)
+    """The ranks stopped at a step boundary on a preemption signal, their checkpoint written."""
+
+    def __init__(self, signum: int, epoch: int, step: int) -> None:
+        self.signum, self.epoch, self.step = signum, epoch, step
+        super().__init__(f"preempted: {signal.Signals(signum).name} at epoch {epoch}, step {step}")
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's status for a process ended by the signal."""
+        return 128 + self.signum
+
+
+def check_names(names: Any, field: str = "trainer.preempt_signals") -> tuple[signal.Signals, ...]:
+    """The signals named in ``names`` (a list of ``ALLOWED`` names); ConfigError otherwise."""
+    if not isinstance(names, Sequence) or isinstance(names, str):
+        raise ConfigError(f"{field}: expected a list of signal names from {list(ALLOWED)}, "
+                          f"got {names!r}")
+    for name in names:
+        if name not in ALLOWED:
+            raise ConfigError(f"{field}: {name!r} is not one of {list(ALLOWED)}")
+    return tuple(signal.Signals[str(n)] for n in names)
+
+
+def under_submitit() -> bool:
+    """Whether this process is a submitit job's task."""
+    return "SUBMITIT_EXECUTOR" in os.environ
+
+
 def install() -> None:
-    """Set this process's handlers (see the module docstring)."""
-    if "SUBMITIT_EXECUTOR" in os.environ:
-        return
-    for signum in HANDLED:
-        signal.signal(signum, _on_signal)
+    """Outside the training loop: SIGTERM ends the run at once (under submitit, whose handlers
+    stay, nothing is set)."""
+    if not under_submitit():
+        signal.signal(signal.SIGTERM, _on_signal)
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _state["shielded"]:
         _held.append(signum)
         return
+    if _state["deferring"] and signum in _state["signals"] and not _state["requested"]:
+        _state["requested"] = signum  # acted on at the next step boundary (StopCheck)
+        return
     sys.exit(128 + signum)
+
+
+def defer(names: Any) -> None:
+    """From now on (the training loop), a preemption signal (``names``, plus submitit's own
+    under submitit) is noted for :class:`StopCheck` instead of ending the run, until
+    :func:`undefer` restores the handlers before."""
+    signums = [signal.Signals[str(n)] for n in names]
+    if under_submitit():
+        from submitit import JobEnvironment
+
+        own = JobEnvironment._usr_sig()  # noqa: SLF001 (the signal submitit asks Slurm for)
+        signums.append(own)
+        handler = signal.getsignal(own)
+        _state["requeue"] = handler if getattr(handler, "__name__", "") == \
+            "checkpoint_and_try_requeue" else None
+    _state["signals"] = tuple(dict.fromkeys(signums))
+    _state["before"] = {s: signal.getsignal(s) for s in _state["signals"]}
+    for signum in _state["signals"]:
+        signal.signal(signum, _on_signal)
+    _state["deferring"], _state["requested"] = True, 0
+
+
+def undefer() -> None:
+    """End :func:`defer`: the handlers before it again."""
+    _state["deferring"] = False
+    for signum, handler in _state.pop("before", {}).items():
+        signal.signal(signum, handler)
+
+
+def requested() -> int:
+    """The preemption signal this rank holds (0: none)."""
+    return int(_state["requested"])
 
 
 @contextmanager
@@ -58,3 +139,37 @@ def shield() -> Iterator[None]:
 def held() -> list[int]:
     """Signals that arrived inside :func:`shield` blocks, in order."""
     return list(_held)
+
+
+def exit_preempted(preempted: Preempted, rank: int) -> None:
+    """End this process after a preemption (its checkpoint written, the process group shut
+    down). Under submitit, rank 0 takes submitit's own path (the launcher's ``checkpoint()``,
+    then the cluster's requeue; it exits the process), except after SIGTERM; every other case
+    exits with the signal's status (128 + its number)."""
+    handler: Callable[[int, FrameType | None], None] | None = _state["requeue"]
+    if rank == 0 and handler is not None and preempted.signum != signal.SIGTERM:
+        handler(preempted.signum, None)
+    sys.exit(preempted.exit_status)
+
+
+class StopCheck:
+    """The ranks' agreement on when to stop: every ``every`` steps, one all-reduce (MAX) of the
+    signal each rank holds; a CPU tensor through gloo (a gloo group of its own under NCCL, so
+    that the check never waits for the GPU). Collective: every rank calls :meth:`due` at the
+    same steps. With no preemption signals configured it does nothing."""
+
+    def __init__(self, every: int, enabled: bool) -> None:
+        self.every, self.enabled = every, enabled
+        self.group = None
+        if enabled and dist.get_backend() != "gloo":
+            self.group = dist.new_group(backend="gloo")
+        self._flag = torch.zeros(1, dtype=torch.int64)
+
+    def due(self, steps_done: int) -> int:
+        """After ``steps_done`` steps of an epoch: the signal the ranks agree to stop on (the
+        largest held by any rank), or 0 to go on."""
+        if not self.enabled or steps_done % self.every:
+            return 0
+        self._flag.fill_(requested())
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group)
+        return int(self._flag.item())

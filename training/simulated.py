@@ -69,11 +69,15 @@ def _record(state: _Recorder, bucket: dist.GradBucket) -> Future[torch.Tensor]:
 
 
 class AllWorkers:
-    """The schedulers' view of the workers' hook states: worker 0's layers, levels set on all."""
+    """What the schedulers, the accounting and the checkpoint see of the simulated workers, as
+    they see one DDP rank's :class:`~compression.hook.HookState`: worker 0's layers, statistics
+    and epoch sums (rank 0 records them, and Accordion decides on rank 0's Delta_e), levels set
+    on every worker, and every worker's own state for the checkpoint."""
 
-    def __init__(self, states: list[HookState]) -> None:
-        self.states = states
+    def __init__(self, states: list[HookState], rng: "WorkerRNG") -> None:
+        self.states, self.rng = states, rng
         self.compressor = states[0].compressor
+        self.layers = states[0].layers  # names, shapes, levels (the same on every worker)
 
     def compressed_layers(self) -> list[str]:
         """The layers the compressor handles (the same on every worker)."""
@@ -83,6 +87,36 @@ class AllWorkers:
         """Set the levels on every worker, as every rank of a DDP job does."""
         for state in self.states:
             state.set_levels(levels)
+
+    def reset_epoch(self, epoch: int | None = None) -> None:
+        """Start every worker's epoch sums (no overlap measurement: simulated learners)."""
+        for state in self.states:
+            state.reset_epoch(epoch)
+
+    def epoch_stats(self) -> dict[str, float]:
+        """Worker 0's epoch metrics (bits it sent, its Delta_e norms, levels)."""
+        return self.states[0].epoch_stats()
+
+    def grad_norms(self) -> dict[str, float]:
+        """Worker 0's ||Delta_e|| per layer (what every rank of a DDP job decides on)."""
+        return self.states[0].grad_norms()
+
+    def nonfinite(self) -> tuple[int, list[str]] | None:
+        """Worker 0's first non-finite Delta_e (only worker 0 keeps Delta_e: a non-finite
+        gradient elsewhere reaches worker 0 through the mean one step later)."""
+        return self.states[0].nonfinite()
+
+    def rank_states(self) -> list[dict[str, Any]]:
+        """Every worker's own state: RNG streams and compressor memories (a rank's part of a
+        checkpoint, as :mod:`training.checkpoint` stores it for real ranks)."""
+        return [{"rng": rng, "compressor": state.state_dict()}
+                for rng, state in zip(self.rng.states, self.states, strict=True)]
+
+    def load_rank_states(self, per_rank: list[dict[str, Any]]) -> None:
+        """Restore :meth:`rank_states`."""
+        for w, (mine, state) in enumerate(zip(per_rank, self.states, strict=True)):
+            self.rng.states[w] = mine["rng"]
+            state.load_state_dict(mine["compressor"])
 
 
 class WorkerRNG:
@@ -124,6 +158,10 @@ class SimulatedWorkers:
 
     ``tasks[w]`` is worker w's task (data shard and loss, :mod:`training.tasks`), ``seeds[w]``
     the seed rank w would seed its data-side RNG with.
+
+    run.py drives it as it drives one DDP rank (:class:`training.workers.Rank`): ``tasks``,
+    ``ddp`` (call forward on it), ``hook_state``, :meth:`step`, :meth:`evaluate`,
+    :meth:`mean_loss`.
     """
 
     def __init__(self, model: nn.Module, compressor_cfg: Any, tasks: list[Any],
@@ -137,8 +175,8 @@ class SimulatedWorkers:
         comms = SimComm.group(self.world_size)
         self.states = [HookState(compressor, model.named_parameters(), comm=comms[w],
                                  track_norms=w == 0) for w in range(self.world_size)]
-        self.hook_state = AllWorkers(self.states)
         self.rng = WorkerRNG(seeds)
+        self.hook_state = AllWorkers(self.states, self.rng)
 
     # ---- a step --------------------------------------------------------------------------
     def step(self, local_backward: Callable[[int], None]) -> None:
@@ -168,35 +206,32 @@ class SimulatedWorkers:
                                                buffer))
         if not all(f.done() for f in futures):
             raise RuntimeError("simulated workers did not finish the step together")
+        for state in self.states:                   # as comm_hook counts a last bucket
+            state.step += 1
         for params, _, views in recorded[0]:        # every worker holds the same mean
             torch._foreach_copy_([p.grad for p in params], views)
 
-    # ---- accounting (worker 0's, as rank 0 records) -----------------------------------------
-    def reset_epoch(self) -> None:
-        """Start every worker's epoch sums."""
-        for state in self.states:
-            state.reset_epoch()
+    # ---- what run.py's loop needs besides the step ------------------------------------------
+    def set_batch_size(self, batch_size: int) -> None:
+        """Global batch ``batch_size`` from the next epoch on (each worker its 1/W share)."""
+        for task in self.tasks:
+            task.set_batch_size(batch_size)
 
-    def epoch_stats(self) -> dict[str, float]:
-        """Worker 0's epoch metrics (bits it sent, its Delta_e norms, levels)."""
-        return self.states[0].epoch_stats()
+    def evaluate(self) -> dict[str, float]:
+        """The test metrics over every worker's test shard, summed in worker order (each shard
+        read with its worker's RNG streams, as rank w reads it)."""
+        totals = None
+        for w, task in enumerate(self.tasks):
+            with self.rng.worker(w):
+                mine = task.test_totals(self.model)
+            totals = mine if totals is None else totals + mine
+        return self.tasks[0].test_metrics(totals)
 
-    def grad_norms(self) -> dict[str, float]:
-        """Worker 0's ||Delta_e|| per layer (what every rank of a DDP job decides on)."""
-        return self.states[0].grad_norms()
-
-    # ---- checkpoint -----------------------------------------------------------------------
-    def rank_states(self) -> list[dict[str, Any]]:
-        """Every worker's own state: RNG streams and compressor memories (a rank's part of a
-        checkpoint)."""
-        return [{"rng": rng, "compressor": state.state_dict()}
-                for rng, state in zip(self.rng.states, self.states, strict=True)]
-
-    def load_rank_states(self, per_rank: list[dict[str, Any]]) -> None:
-        """Restore :meth:`rank_states`."""
-        for w, (mine, state) in enumerate(zip(per_rank, self.states, strict=True)):
-            self.rng.states[w] = mine["rng"]
-            state.load_state_dict(mine["compressor"])
+    @staticmethod
+    def mean_loss(loss_sum: torch.Tensor, steps: int) -> float:
+        """The epoch's mean training loss from each worker's sum over its steps (``loss_sum``:
+        one element per worker)."""
+        return loss_sum.sum().item() / (steps * len(loss_sum))
 
 
 def simulated_envs(world_size: int) -> list[DistEnv]:

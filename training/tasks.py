@@ -12,6 +12,7 @@ all-reduce, so the number is exact for any world size.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,14 @@ from data import DataBundle
 
 class Task:
     """What every task shares: an evaluation over the whole test set, summed over ranks."""
+
+    def carry(self) -> Any:
+        """What this rank carries from one training step to the next within an epoch (saved
+        in a mid-epoch checkpoint); None if nothing."""
+        return None
+
+    def set_carry(self, carry: Any) -> None:
+        """Continue an epoch with the :meth:`carry` saved part-way through it."""
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """The test metrics of ``model`` over every rank's shard (one all-reduce)."""
@@ -55,8 +64,11 @@ class Classification(Task):
                  num_workers: int, seed: int, device: torch.device) -> None:
         self.env, self.device, self.num_workers = env, device, num_workers
         self.train = bundle.train
-        self.sampler = DistributedSampler(bundle.train, env.world_size, env.rank, shuffle=True,
-                                          seed=seed, drop_last=True)
+        self.sampler = _ResumableSampler(bundle.train, env.world_size, env.rank, shuffle=True,
+                                         seed=seed, drop_last=True)
+        # The loader's own generator (not the global one) draws its workers' base seed, so that
+        # starting an epoch's batches takes nothing from the RNG state a checkpoint restores.
+        self.loader_rng = torch.Generator().manual_seed(seed * 1000 + env.rank)
         self.batch_size = 0
         self.set_batch_size(batch_size)
         shard = Subset(bundle.test, range(env.rank, len(bundle.test), env.world_size))
@@ -72,15 +84,18 @@ class Classification(Task):
         self.train_loader = DataLoader(self.train, batch_size // self.env.world_size,
                                        sampler=self.sampler, num_workers=self.num_workers,
                                        drop_last=True, pin_memory=self.device.type == "cuda",
-                                       persistent_workers=self.num_workers > 0)
+                                       persistent_workers=self.num_workers > 0,
+                                       generator=self.loader_rng)
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch (the same on every rank)."""
         return len(self.train_loader)
 
-    def batches(self, epoch: int) -> Iterator[Any]:
-        """This rank's training batches of ``epoch``."""
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Any]:
+        """This rank's training batches of ``epoch``, from its ``start``-th step on (the
+        earlier ones are not loaded)."""
         self.sampler.set_epoch(epoch)
+        self.sampler.start = start * (self.batch_size // self.env.world_size)
         yield from self.train_loader
 
     @staticmethod
@@ -154,10 +169,20 @@ class LanguageModel(Task):
         """BPTT windows per epoch."""
         return math.ceil((self.train.size(1) - 1) / self.bptt)
 
-    def batches(self, epoch: int) -> Iterator[Any]:
-        """Consecutive BPTT windows (input, target); the hidden state restarts every epoch."""
-        self.hidden = None
-        yield from _windows(self.train, self.bptt)
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Any]:
+        """Consecutive BPTT windows (input, target) from the ``start``-th on; the hidden state
+        restarts every epoch (a resumed epoch continues with its :meth:`carry`)."""
+        if start == 0:
+            self.hidden = None
+        yield from itertools.islice(_windows(self.train, self.bptt), start, None)
+
+    def carry(self) -> Any:
+        """The LSTM's hidden state after the last window (on the CPU)."""
+        return None if self.hidden is None else _map(self.hidden, lambda h: h.cpu().clone())
+
+    def set_carry(self, carry: Any) -> None:
+        """Continue from a saved hidden state."""
+        self.hidden = None if carry is None else _map(carry, lambda h: h.to(self.device))
 
     @staticmethod
     def size(batch: Any) -> int:
@@ -249,6 +274,21 @@ def _windows(data: torch.Tensor, bptt: int) -> Iterator[tuple[torch.Tensor, torc
 
 
 def _detach(hidden: Any) -> Any:
+    return _map(hidden, torch.Tensor.detach)
+
+
+def _map(hidden: Any, fn: Any) -> Any:
+    """``fn`` applied to every tensor of a hidden state (a tensor or nested tuples of them)."""
     if isinstance(hidden, torch.Tensor):
-        return hidden.detach()
-    return tuple(_detach(h) for h in hidden)
+        return fn(hidden)
+    return tuple(_map(h, fn) for h in hidden)
+
+
+class _ResumableSampler(DistributedSampler):
+    """A ``DistributedSampler`` whose epoch can start part-way: it skips the first ``start``
+    indices of the rank's share (its length stays the whole epoch's)."""
+
+    start = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.start, None)

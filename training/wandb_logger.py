@@ -23,12 +23,10 @@ MAX_TAG = 64  # W&B refuses longer tags (its run then fails to start)
 
 
 def check(cfg: Any) -> None:
-    """Validate the ``logger`` config node (ConfigError naming the field)."""
-    if check_choice(cfg.name, "logger.name", ("wandb", "none")) == "none":
-        return
-    check_choice(cfg.mode, "logger.mode", MODES)
-    check_str(cfg.project, "logger.project", max_length=128)
-    for field in ("entity", "group", "job_type", "run_name"):
+    """Validate the ``logger`` config node (ConfigError naming the field). The run labels a
+    sweep sets (group, job_type, run_name, tags) are checked whatever the logger."""
+    name = check_choice(cfg.name, "logger.name", ("wandb", "none"))
+    for field in ("group", "job_type", "run_name"):
         check_str(cfg.get(field), f"logger.{field}", optional=True, max_length=128)
     tags = cfg.get("tags")
     tags = [] if tags is None else tags
@@ -38,6 +36,11 @@ def check(cfg: Any) -> None:
         if not isinstance(tag, str) or not 0 < len(tag) <= MAX_TAG:
             raise ConfigError(f"logger.tags: expected strings of 1 to {MAX_TAG} characters (W&B's "
                               f"limit), got {tag!r}")
+    if name == "none":
+        return
+    check_choice(cfg.mode, "logger.mode", MODES)
+    check_str(cfg.project, "logger.project", max_length=128)
+    check_str(cfg.get("entity"), "logger.entity", optional=True, max_length=128)
     for field in ("init_timeout_s", "finish_timeout_s"):
         check_number(cfg.get(field, 1), f"logger.{field}", 0, low_open=True)
 

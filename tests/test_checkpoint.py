@@ -1,0 +1,132 @@
+"""Checkpoint contents and restore (training/checkpoint.py), in one process (a world-size-1
+gloo group): model, optimizer, scheduler history, compressor levels and memories, the RNG
+streams, the epoch to resume from. Each rank's own RNG state on 2 ranks is tested in
+``tests/test_glue_ranks.py``; a resumed run end to end in ``tests/test_resume.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch import nn
+
+import compression
+import schedulers
+from core.errors import ConfigError
+from training import checkpoint
+
+
+@pytest.fixture
+def group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def parts(seed: int = 0):
+    """A model, SGD with momentum, Top-K hook state and an Accordion scheduler."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    hook_state = compression.HookState(compression.create("topk", ratio=0.5),
+                                       model.named_parameters())
+    scheduler = schedulers.build(OmegaConf.create({"name": "accordion", "interval": 1}))
+    return model, optimizer, hook_state, scheduler
+
+
+def draws() -> tuple[float, float, torch.Tensor]:
+    return random.random(), float(np.random.rand()), torch.rand(3)
+
+
+def trained_parts():
+    model, optimizer, hook_state, scheduler = parts()
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()  # momentum buffers exist
+    hook_state.layers["2.weight"].memory["error"] = torch.arange(18.0).view(3, 6)
+    scheduler.start_epoch(0, hook_state)  # epoch 0 is critical: level low (0.99) everywhere
+    scheduler.end_epoch(0, {"0.weight": 3.0, "2.weight": 4.0}, 0.1, 0.1)
+    hook_state.set_levels({"0.weight": 0.25})
+    return model, optimizer, hook_state, scheduler
+
+
+def test_a_checkpoint_holds_every_part(group, tmp_path):
+    cfg = OmegaConf.create({"seed": 7, "name": "${seed}-x"})
+    model, optimizer, hook_state, scheduler = trained_parts()
+    checkpoint.save(tmp_path / "c.pt", cfg, 3, 12.5, model, optimizer, hook_state, scheduler)
+    ckpt = torch.load(tmp_path / "c.pt", weights_only=False)
+    assert ckpt["epoch"] == 3 and ckpt["elapsed_s"] == 12.5 and ckpt["world_size"] == 1
+    assert ckpt["sampler"] == {"epoch": 3, "seed": 7, "step": 0}  # an epoch-end checkpoint
+    assert ckpt["config"] == {"seed": 7, "name": "7-x"}  # resolved
+    assert ckpt["scheduler"] == scheduler.state_dict()
+    assert len(ckpt["per_rank"]) == 1
+    assert set(ckpt["per_rank"][0]) == {"rng", "compressor", "progress"}
+    assert ckpt["per_rank"][0]["progress"] is None  # an epoch-end checkpoint
+    assert ckpt["per_rank"][0]["compressor"]["layers"]["0.weight"]["level"] == 0.25
+    for key, value in model.state_dict().items():
+        assert torch.equal(ckpt["model"][key], value)
+    assert ckpt["optimizer"]["state"][0]["momentum_buffer"] is not None
+
+
+def test_load_restores_everything_and_the_rng_streams(group, tmp_path):
+    cfg = OmegaConf.create({"seed": 0})
+    model, optimizer, hook_state, scheduler = trained_parts()
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    checkpoint.save(tmp_path / "c.pt", cfg, 1, 4.0, model, optimizer, hook_state, scheduler)
+    after_save = draws()
+
+    fresh = parts(seed=5)  # other weights, no momentum, default levels, empty history
+    draws(), draws()  # the streams move on
+    epoch, elapsed, progress = checkpoint.load(tmp_path / "c.pt", *fresh)
+    assert (epoch, elapsed, progress) == (1, 4.0, None)
+    again = draws()
+    assert again[:2] == after_save[:2] and torch.equal(again[2], after_save[2])
+
+    f_model, f_optimizer, f_hook, f_scheduler = fresh
+    for key, value in model.state_dict().items():
+        assert torch.equal(f_model.state_dict()[key], value)
+    for a, b in zip(optimizer.state.values(), f_optimizer.state.values(), strict=True):
+        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+    assert f_hook.layers["0.weight"].level == 0.25 and f_hook.layers["2.weight"].level == 0.99
+    assert torch.equal(f_hook.layers["2.weight"].memory["error"], torch.arange(18.0).view(3, 6))
+    assert f_scheduler.state_dict() == scheduler.state_dict()
+    assert f_scheduler.history.norms == [{"0.weight": 3.0, "2.weight": 4.0}]
+
+
+def test_the_checkpoint_does_not_change_with_later_training(group, tmp_path):
+    model, optimizer, hook_state, scheduler = trained_parts()
+    checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 1, 0.0, model, optimizer,
+                    hook_state, scheduler)
+    saved = torch.load(tmp_path / "c.pt", weights_only=False)
+    hook_state.layers["2.weight"].memory["error"].add_(1)
+    assert torch.equal(saved["per_rank"][0]["compressor"]["layers"]["2.weight"]["memory"]["error"],
+                       torch.arange(18.0).view(3, 6))
+
+
+def test_another_world_size_is_refused(group, tmp_path):
+    model, optimizer, hook_state, scheduler = trained_parts()
+    checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 1, 0.0, model, optimizer,
+                    hook_state, scheduler)
+    ckpt = torch.load(tmp_path / "c.pt", weights_only=False)
+    ckpt["world_size"] = 4
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    with pytest.raises(ConfigError) as info:  # checked before any process group starts
+        checkpoint.check_resumable(tmp_path, OmegaConf.create({"seed": 0}), 1)
+    assert str(info.value) == f"resume: {tmp_path / 'checkpoint.pt'} was written by 4 ranks; " \
+                              f"resume it with the same number, not 1"
+
+
+def test_nested_tensors_are_mapped_in_dicts_lists_and_tuples():
+    nested = {"a": [torch.ones(1), (torch.zeros(2), 3)], "b": "x"}
+    doubled = checkpoint._map_tensors(nested, lambda t: t + 1)
+    assert torch.equal(doubled["a"][0], torch.full((1,), 2.0))
+    assert isinstance(doubled["a"][1], tuple) and torch.equal(doubled["a"][1][0], torch.ones(2))
+    assert doubled["a"][1][1] == 3 and doubled["b"] == "x"
+    grad = torch.ones(2, requires_grad=True) * 2
+    (cpu,) = checkpoint._to_cpu([grad])
+    assert not cpu.requires_grad and cpu.device.type == "cpu"

@@ -1,0 +1,102 @@
+"""Preemption under real processes: SIGUSR1 (Slurm's warning before the time limit) or SIGTERM
+reaches the workers of a 2-rank torchrun job at a random step, at different times on each; the
+ranks agree on one step boundary, write a mid-epoch checkpoint and exit with the signal's status;
+the relaunched run (``resume=true``, or ``resume=auto`` as a sweep relaunch does) ends with the
+same metrics and weights as a run that never stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import ROOT, assert_ok, read_rows, run_cli
+from tests.test_faults_e2e import end, fault_args, same_rows, wait_for, workers
+from training import checkpoint
+
+pytestmark = pytest.mark.slow
+STEPS = 8  # steps per epoch of fault_args' runs
+
+
+def compressors_and_signals() -> list:
+    """PowerSGD (warm-start Q, error feedback), Top-K and AdaComp (residues) under SIGUSR1;
+    Top-K under SIGTERM, relaunched as a sweep would (``resume=auto``)."""
+    return [("powersgd", "SIGUSR1", "true"), ("topk", "SIGTERM", "auto"),
+            ("adacomp", "SIGUSR1", "true")]
+
+
+def _launch(args: list[str], log: Path) -> subprocess.Popen:
+    """torchrun with 2 workers, watching them as usual (it reports their exit statuses)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "run.py", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def same_weights(a: Path, b: Path) -> None:
+    wa = torch.load(a / "checkpoint.pt", weights_only=False)["model"]
+    wb = torch.load(b / "checkpoint.pt", weights_only=False)["model"]
+    for key, value in wa.items():
+        assert torch.equal(value, wb[key]), key
+
+
+@pytest.mark.parametrize(("compressor", "name", "resume"), compressors_and_signals())
+def test_preempted_job_checkpoints_mid_epoch_and_resumes_bit_exactly(tmp_path, compressor,
+                                                                     name, resume):
+    signum = signal.Signals[name]
+    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
+    assert_ok(run_cli(fault_args(compressor, straight), nproc=2))
+    rng = random.Random()
+    seed = rng.randrange(2**32)
+    rng.seed(seed)
+    delay, skew = rng.uniform(0.0, 1.0), rng.uniform(0.0, 0.3)
+    first = rng.randrange(2)
+    note = (f"seed {seed}: {name} to rank {first} {delay:.2f} s after the first checkpoint, "
+            f"to the other {skew:.2f} s later")
+    log = tmp_path / "faulty.log"
+    agent = _launch(fault_args(compressor, faulty), log)
+    ranks: dict[int, int] = {}
+    try:
+        ranks = workers(agent)
+        wait_for(faulty / "checkpoint.pt", agent, log)
+        time.sleep(delay)
+        os.kill(ranks[first], signum)
+        time.sleep(skew)  # the ranks hear of it at different steps
+        with contextlib.suppress(ProcessLookupError):  # gone: the other rank's signal sufficed
+            os.kill(ranks[1 - first], signum)
+        agent.wait(timeout=120)
+    finally:
+        end(agent, ranks)
+    text = " ".join(log.read_text().split())
+    summary = json.loads((faulty / "summary.json").read_text())
+    assert summary["status"].startswith(f"preempted: {name} at epoch "), (note, text[-3000:])
+    assert f"exitcode: {128 + signum}" in text, note  # both workers, as torchrun reports them
+    assert f'File "{ROOT}/run.py"' not in text, note  # no traceback from the run itself
+    assert f"{summary['status']}; the run resumes from its last checkpoint with resume=true" \
+        in text, note
+    # A mid-epoch checkpoint: both ranks stopped after the same step, no partial metrics row.
+    ckpt = torch.load(faulty / "checkpoint.pt", weights_only=False)
+    epoch, step = ckpt["epoch"], ckpt["step"]
+    assert summary["status"].startswith(f"preempted: {name} at epoch {epoch}, step {step}"), note
+    assert epoch >= 1 and 1 <= step <= STEPS, note
+    assert [r["progress"]["step"] for r in ckpt["per_rank"]] == [step, step], note
+    assert len(read_rows(faulty)) == epoch, note
+    assert checkpoint.check_resumable(faulty, OmegaConf.load(faulty / ".hydra" / "config.yaml"),
+                                      2) == epoch
+    # Relaunched, it continues from that step and ends as the run that never stopped.
+    assert_ok(run_cli([*fault_args(compressor, faulty), f"resume={resume}"], nproc=2))
+    same_rows(read_rows(straight), read_rows(faulty))
+    same_weights(straight, faulty)
+    final = json.loads((faulty / "summary.json").read_text())
+    assert final["status"] == "completed" and final["params_in_sync"] is True, note

@@ -1,0 +1,182 @@
+"""The run record (core/record.py): metrics.jsonl on resume, summary.json, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from core import record
+
+
+def rows(n: int, metric: str = "test/accuracy") -> list[dict]:
+    return [{"epoch": e, metric: 10.0 * (e + 1), "comm/bits": 100.0 * (e + 1),
+             "comm/bits_dense": 1000.0} for e in range(n)]
+
+
+# ---- metrics.jsonl -------------------------------------------------------------------------------
+def test_a_fresh_run_starts_an_empty_log_and_appends_durably(tmp_path):
+    (tmp_path / record.METRICS).write_text('{"epoch": 0}\n{"epoch": 1}\n')  # a previous run's
+    log = record.MetricsLog(tmp_path)
+    assert log.rows == [] and (tmp_path / record.METRICS).read_text() == ""
+    for row in rows(2):
+        log.write(row)
+        # on disk as soon as it is written, before close()
+        assert record.read_metrics(tmp_path / record.METRICS) == log.rows
+    log.close()
+    assert record.read_metrics(tmp_path / record.METRICS) == rows(2)
+    assert (tmp_path / record.METRICS).read_text().count("\n") == 2
+
+
+def test_resume_drops_the_rows_written_after_the_checkpoint(tmp_path):
+    # epochs 0..3 were logged, but the last checkpoint says epoch 2 is next: rows 2 and 3 go
+    path = tmp_path / record.METRICS
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows(4)))
+    log = record.MetricsLog(tmp_path, keep_epochs=2)
+    assert log.rows == rows(2)
+    assert record.read_metrics(path) == rows(2)
+    again = rows(3)[2]
+    log.write(again)
+    log.close()
+    assert record.read_metrics(path) == rows(3)
+    assert not list(tmp_path.glob(".*.tmp"))  # the rewrite left no temp file
+
+
+def test_resume_keeps_every_row_up_to_the_checkpoint(tmp_path):
+    path = tmp_path / record.METRICS
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows(3)))
+    record.MetricsLog(tmp_path, keep_epochs=3).close()
+    assert record.read_metrics(path) == rows(3)
+
+
+def test_read_metrics_skips_blank_lines_and_a_missing_file(tmp_path):
+    assert record.read_metrics(tmp_path / "nothing.jsonl") == []
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"epoch": 0}\n\n  \n{"epoch": 1}\n')
+    assert record.read_metrics(path) == [{"epoch": 0}, {"epoch": 1}]
+
+
+# ---- summary.json --------------------------------------------------------------------------------
+def test_summary_of_an_accuracy_run():
+    log = [{"test/accuracy": 50.0, "comm/bits": 10.0, "comm/bits_dense": 40.0},
+           {"test/accuracy": 70.0, "comm/bits": 20.0, "comm/bits_dense": 40.0},
+           {"test/accuracy": 60.0, "comm/bits": 5.0, "comm/bits_dense": 40.0}]
+    assert record.summarize(log, "completed", "test/accuracy", 12.5) == {
+        "status": "completed", "epochs_completed": 3, "metric": "test/accuracy",
+        "final": 60.0, "best": 70.0, "total_bits": 35.0, "total_bits_dense": 120.0,
+        "total_time_s": 12.5}
+
+
+@pytest.mark.parametrize("metric", ["test/perplexity", "test/loss"])
+def test_best_is_the_lowest_perplexity_or_loss(metric):
+    log = [{metric: 30.0}, {metric: 12.0}, {metric: 20.0}]
+    summary = record.summarize(log, "completed", metric, 1.0)
+    assert (summary["best"], summary["final"]) == (12.0, 20.0)
+
+
+def test_nan_epochs_are_left_out_of_final_and_best():
+    log = [{"test/accuracy": 40.0}, {"test/accuracy": 55.0}, {"test/accuracy": math.nan}]
+    summary = record.summarize(log, "diverged", "test/accuracy", 1.0)
+    assert (summary["final"], summary["best"], summary["epochs_completed"]) == (55.0, 55.0, 3)
+    log = [{"test/perplexity": math.nan}, {"test/perplexity": 9.0}]
+    assert record.summarize(log, "completed", "test/perplexity", 1.0)["best"] == 9.0
+
+
+def test_summary_without_any_metric():
+    summary = record.summarize([{"comm/bits": 3.0}], "failed: RuntimeError: x", "test/accuracy",
+                               0.5)
+    assert summary["final"] is None and summary["best"] is None
+    assert summary["epochs_completed"] == 1 and summary["total_bits"] == 3.0
+    assert summary["total_bits_dense"] == 0.0
+    no_bits = record.summarize([{"test/accuracy": 1.0}], "completed", "test/accuracy", 0.5)
+    assert no_bits["total_bits"] == no_bits["total_bits_dense"] == 0.0
+    empty = record.summarize([], "failed: KeyboardInterrupt: ", "test/accuracy", 0.0)
+    assert (empty["final"], empty["best"], empty["epochs_completed"]) == (None, None, 0)
+
+
+def test_write_summary_replaces_the_file_whole(tmp_path):
+    record.write_summary(tmp_path, {"status": "running"})
+    record.write_summary(tmp_path, {"status": "completed", "best": 1.5})
+    text = (tmp_path / record.SUMMARY).read_text()
+    assert json.loads(text) == {"status": "completed", "best": 1.5}
+    assert text.endswith("\n") and text.startswith('{\n  "status"')  # indented, one key a line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [record.SUMMARY]
+
+
+# ---- checkpoint.pt -------------------------------------------------------------------------------
+def test_checkpoint_round_trip_and_no_temp_file(tmp_path):
+    path = tmp_path / record.CHECKPOINT
+    state = {"epoch": 3, "w": torch.arange(4.0)}
+    record.save_checkpoint(path, state)
+    record.save_checkpoint(path, {**state, "epoch": 4})
+    loaded = record.load_checkpoint(path)
+    assert loaded["epoch"] == 4 and torch.equal(loaded["w"], state["w"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [record.CHECKPOINT]
+
+
+def test_a_checkpoint_with_rng_states_and_config_loads(tmp_path):
+    # what training/checkpoint.py saves besides tensors: Python and NumPy RNG states, plain
+    # containers of config values (torch's weights-only loader refuses the NumPy state)
+    path = tmp_path / record.CHECKPOINT
+    state = {"rng": {"python": random.getstate(), "numpy": np.random.get_state()},
+             "config": {"seed": 0, "lr": [0.1, 0.01]}}
+    record.save_checkpoint(path, state)
+    loaded = record.load_checkpoint(path)
+    assert loaded["rng"]["python"] == state["rng"]["python"] and loaded["config"] == state["config"]
+    assert np.array_equal(loaded["rng"]["numpy"][1], state["rng"]["numpy"][1])
+
+
+def test_a_failed_write_leaves_the_old_checkpoint(tmp_path):
+    path = tmp_path / record.CHECKPOINT
+    record.save_checkpoint(path, {"epoch": 1})
+
+    def fail(f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        record.atomic_write_bytes(path, fail)
+    assert record.load_checkpoint(path) == {"epoch": 1}
+
+
+class SyncSpy:
+    """Records, in order, every os.fsync (the file's name and its size on disk at that moment)
+    and os.replace, then calls the real functions."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple] = []
+        fsync, replace = os.fsync, os.replace
+
+        def spy_fsync(fd: int) -> None:
+            name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+            self.calls.append(("fsync", name, os.fstat(fd).st_size))
+            fsync(fd)
+
+        def spy_replace(src, dst) -> None:
+            self.calls.append(("replace", os.path.basename(src), os.path.basename(dst)))
+            replace(src, dst)
+
+        monkeypatch.setattr(os, "fsync", spy_fsync)
+        monkeypatch.setattr(os, "replace", spy_replace)
+
+
+def test_atomic_write_flushes_and_syncs_before_the_rename(tmp_path, monkeypatch):
+    spy = SyncSpy(monkeypatch)
+    record.atomic_write_bytes(tmp_path / "x.bin", lambda f: f.write(b"abc"))
+    assert spy.calls == [("fsync", ".x.bin.tmp", 3), ("replace", ".x.bin.tmp", "x.bin")]
+    assert (tmp_path / "x.bin").read_bytes() == b"abc"
+
+
+def test_every_metrics_row_is_synced_when_written(tmp_path, monkeypatch):
+    log = record.MetricsLog(tmp_path)
+    spy = SyncSpy(monkeypatch)
+    log.write({"epoch": 0})
+    log.write({"epoch": 1})
+    size = len('{"epoch": 0}\n')
+    assert spy.calls == [("fsync", record.METRICS, size), ("fsync", record.METRICS, 2 * size)]
+    log.close()

@@ -1,0 +1,60 @@
+"""How far the current epoch has gone on this rank: everything a mid-epoch checkpoint must hold
+to continue the epoch bit for bit (training/signals.py says when the ranks stop).
+
+An epoch's result depends on more than the model, the optimizer and the compressor memories
+that an epoch-end checkpoint holds: the steps already taken (the sampler resumes after them:
+:meth:`training.tasks.Task.batches`), the train loss summed so far and the examples seen, the
+hook's sums (Delta_e per layer, the bits sent in all and by layer type, the elements a
+sparsifier chose, the time spent compressing, the first non-finite sum:
+:meth:`compression.HookState.epoch_state_dict`) and what a task carries from step to step (the
+LSTM's hidden state: :meth:`training.tasks.Task.carry`). :class:`EpochProgress` keeps the first
+of these and gathers the rest when the checkpoint is written; the RNG states and memories travel
+in the checkpoint's per-rank part as at an epoch's end (training/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from compression import HookState
+
+
+class EpochProgress:
+    """One process's progress through ``epoch``: steps taken, the train loss summed per local
+    worker (one for a DDP rank, W for simulated learners), examples."""
+
+    def __init__(self, epoch: int, device: torch.device, workers: int = 1, step: int = 0,
+                 samples: int = 0, loss_sum: torch.Tensor | None = None, seconds: float = 0.0
+                 ) -> None:
+        self.epoch, self.step, self.samples = epoch, step, samples
+        self.loss_sum = torch.zeros(workers, dtype=torch.float64, device=device) \
+            if loss_sum is None else loss_sum.to(device)
+        self._started = time.perf_counter() - seconds  # an earlier process's seconds count too
+
+    def step_done(self, samples: int) -> None:
+        """One optimizer step of ``samples`` examples (this rank's) is done."""
+        self.step += 1
+        self.samples += samples
+
+    def seconds(self) -> float:
+        """Training time of this epoch so far (evaluation excluded)."""
+        return time.perf_counter() - self._started
+
+    def state_dict(self, hook_state: HookState, task: Any) -> dict[str, Any]:
+        """This rank's part of a mid-epoch checkpoint."""
+        return {"epoch": self.epoch, "step": self.step, "samples": self.samples,
+                "loss_sum": self.loss_sum.detach().cpu().clone(), "seconds": self.seconds(),
+                "hook": hook_state.epoch_state_dict(), "carry": task.carry()}
+
+    @classmethod
+    def resume(cls, state: dict[str, Any], hook_state: HookState, task: Any,
+               device: torch.device) -> EpochProgress:
+        """Continue the epoch :meth:`state_dict` saved: the hook's sums and the task's carry are
+        restored (call after the epoch's start: levels set, ``hook_state.reset_epoch()``)."""
+        hook_state.load_epoch_state_dict(state["hook"], device)
+        task.set_carry(state["carry"])
+        return cls(state["epoch"], device, len(state["loss_sum"]), state["step"],
+                   state["samples"], state["loss_sum"], state["seconds"])
