@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 # What is not the package's source: hidden files (version control, the virtual environment,
 # caches, CI), byte code, build output, run records and datasets.
 NOT_SOURCE = shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "build", "dist", "outputs",
-                                    "multirun", "wandb", "datasets")
+                                    "multirun", "wandb", "datasets", "results")
 
 # Run by the installed environment's Python, from a directory outside the repository.
 CHECK = """
