@@ -159,6 +159,7 @@ def test_two_simulated_learners_record_what_two_gloo_ranks_record(tmp_path, name
 
 
 @pytest.mark.slow
+@pytest.mark.stress  # with --stress (make stress): the whole suite must fit CI's 30 minutes
 def test_simulated_resume_is_bit_exact(tmp_path):
     # 4 learners, AdaComp: each learner's residue and RNG streams are in the checkpoint.
     common = [*TINY, "launcher=simulated", "trainer.workers=4", "compressor=adacomp"]
