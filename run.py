@@ -41,7 +41,11 @@ import training.workers
 from core import distributed, record
 from core.errors import ConfigError
 from core.lr import lr_at
-from training import checkpoint, config, faults, optim, runs, signals
+from training import checkpoint, faults, optim, runs, signals
+
+# Not named `config`: with `distributed` beside it, cloudpickle (submitit) would take the
+# unpicklable torch.distributed.config along with run.py's functions.
+from training import config as checks
 from training.progress import EpochProgress
 from training.wandb_logger import NullLogger, WandbLogger
 
@@ -56,10 +60,10 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (training/signals)
     try:
-        world_size = config.world_size(cfg, env.world_size)  # ranks, or simulated learners
-        config.validate(cfg, world_size, run_dir)
+        world_size = checks.world_size(cfg, env.world_size)  # ranks, or simulated learners
+        checks.validate(cfg, world_size, run_dir)
         bundle = data.build(cfg.dataset)
-        config.prepare(cfg, bundle, world_size, run_dir)
+        checks.prepare(cfg, bundle, world_size, run_dir)
         train(cfg, env, run_dir, bundle)
     except ConfigError as exc:  # before the group starts, or found by the data or a checkpoint
         print(f"error: {exc}", file=sys.stderr)
@@ -80,7 +84,7 @@ def train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data
     distributed.init(env, device, float(cfg.trainer.dist_timeout_s))
     try:
         run_dir = _shared_run_dir(run_dir)
-        world_size = config.world_size(cfg, env.world_size)
+        world_size = checks.world_size(cfg, env.world_size)
         action = _from_rank0(_decide(cfg, run_dir, world_size) if env.is_main else None)
         if isinstance(action, ConfigError):  # the directory holds another config's run
             raise action

@@ -96,6 +96,14 @@ def check(cfg: Any) -> None:
         _CHECKERS[cfg.name](cfg)
 
 
+def root_dir(cfg: Any) -> Path:
+    """``dataset.root`` as a path; a dataset read from files refuses null (the default)."""
+    if cfg.get("root") is None:
+        raise ConfigError(f"dataset.root: {cfg.name} is read from files; set it to the folder "
+                          f"that holds them (null is for the embedded datasets)")
+    return Path(cfg.root)
+
+
 def check_classes(value: Any, optional: bool = False) -> int | None:
     """``dataset.num_classes``: an integer >= 1 (or null where the files give it)."""
     if value is None and optional:

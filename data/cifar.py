@@ -23,7 +23,7 @@ from torchvision import datasets, transforms
 from torchvision.datasets.vision import VisionDataset
 
 from core.errors import ConfigError, check_number
-from data import DataBundle, check_classes, one_line, register
+from data import DataBundle, check_classes, one_line, register, root_dir
 
 _MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -115,9 +115,9 @@ def _check(cfg: Any) -> None:
         raise ConfigError(f"dataset.num_classes: {cfg.name} has {cls.num_classes} classes (this "
                           f"key describes the data and cannot be changed), got {cfg.num_classes}")
     check_number(cfg.get("rotation", 0), "dataset.rotation", 0, 180)
+    folder = root_dir(cfg) / cls.base_folder
     if cfg.get("download"):
         return
-    folder = Path(cfg.root) / cls.base_folder
     files = [name for name, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
     missing = [f for f in files if not (folder / f).is_file()]
     if missing:

@@ -20,7 +20,7 @@ from PIL import Image
 from torchvision import datasets, transforms
 
 from core.errors import ConfigError
-from data import DataBundle, check_classes, one_line, register
+from data import DataBundle, check_classes, one_line, register, root_dir
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _HOW = ("expected ImageNet as class folders <root>/train/<class>/*.JPEG and "
@@ -41,7 +41,7 @@ def _classes(folder: Path) -> list[str]:
 
 def _check(cfg: Any) -> None:
     check_classes(cfg.get("num_classes"), optional=True)
-    root = Path(cfg.root)
+    root = root_dir(cfg)
     train, val = _classes(root / "train"), _classes(root / "val")
     if train != val:
         only = sorted(set(train) ^ set(val))

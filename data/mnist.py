@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from core.errors import ConfigError
-from data import DataBundle, one_line, register
+from data import DataBundle, one_line, register, root_dir
 
 MEAN, STD = 0.1307, 0.3081
 _FILES = {
@@ -47,7 +47,7 @@ class MnistImages(Dataset):
 
 
 def _raw(cfg: Any) -> Path:
-    return Path(cfg.root) / "MNIST" / "raw"
+    return root_dir(cfg) / "MNIST" / "raw"
 
 
 def _find(raw: Path, name: str) -> Path | None:

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from core.errors import ConfigError, check_number
-from data import DataBundle, check_classes, check_vocabulary, read_text, register
+from data import DataBundle, check_classes, check_vocabulary, read_text, register, root_dir
 
 
 def _path(cfg: Any) -> Path:
-    return Path(cfg.root) / "shakespeare" / "input.txt"
+    return root_dir(cfg) / "shakespeare" / "input.txt"
 
 
 def _check(cfg: Any) -> None:

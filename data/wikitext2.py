@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from core.errors import ConfigError, check_choice
-from data import DataBundle, check_classes, check_vocabulary, read_text, register
+from data import DataBundle, check_classes, check_vocabulary, read_text, register, root_dir
 
 SPLITS = ("train", "valid", "test")
 EOS = "<eos>"
@@ -36,7 +36,7 @@ class Corpus:
 
 
 def _folder(cfg: Any) -> Path:
-    return Path(cfg.root) / "wikitext-2"
+    return root_dir(cfg) / "wikitext-2"
 
 
 def _check(cfg: Any) -> None:

@@ -66,6 +66,11 @@ def test_missing_files_name_the_expected_path(tmp_path: Path, name: str) -> None
     config_error(config(name, root=str(tmp_path)), "dataset.root", str(tmp_path), build=False)
 
 
+@pytest.mark.parametrize("name", FILE_BASED)
+def test_a_file_dataset_refuses_a_null_root(name: str) -> None:
+    config_error(config(name, root=None), "dataset.root", "read from files", build=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # CIFAR
 

@@ -376,3 +376,17 @@ def test_variant_without_an_implementation_is_refused(compose_cfg, tmp_path):
                       "variant=noef")
     with pytest.raises(ConfigError, match=r"^variant: batch512 has no 'noef' implementation"):
         validate(cfg, world_size=2, run_dir=tmp_path)
+
+
+def test_the_entry_point_pickles_for_submitit():
+    # The Slurm launcher ships run.py's task function by value (cloudpickle, as __main__ is):
+    # every function it reaches, and every module cloudpickle takes along, must pickle.
+    import cloudpickle
+
+    import run
+
+    cloudpickle.register_pickle_by_value(run)
+    try:
+        assert cloudpickle.loads(cloudpickle.dumps(run.main)).__name__ == "main"
+    finally:
+        cloudpickle.unregister_pickle_by_value(run)
