@@ -19,7 +19,8 @@ A jobs file (YAML)::
 Per job: training time (the epochs' ``time/epoch_s``, evaluation excluded, as the Accordion
 authors timed) and wall time, final and best test metric, bits sent, and the training time until
 the test metric first reached the reference job's final value (time to accuracy). Writes
-results/bench/tta.{csv,md}; the run records stay in results/bench/raw/tta/<job>/.
+results/bench/tta.{csv,md} (``tta_<name>.*`` for a jobs file ``[tta_]<name>.yaml``); the run
+records stay in results/bench/raw/<that stem>/<job>/.
 """
 
 from __future__ import annotations
@@ -128,10 +129,17 @@ def rows_of(jobs: dict[str, list[str]], results: dict[str, dict[str, Any]], rati
     return rows
 
 
-def write(rows: list[dict[str, Any]], out: Path) -> None:
-    """results/bench/tta.csv and tta.md."""
+def stem_of(jobs_file: Path) -> str:
+    """Results' file stem: ``tta`` for the provisional pair, ``tta_<jobs file stem>`` else."""
+    if jobs_file.resolve() == PROVISIONAL:
+        return "tta"
+    return f"tta_{jobs_file.stem.removeprefix('tta_')}"
+
+
+def write(rows: list[dict[str, Any]], out: Path, stem: str = "tta") -> None:
+    """results/bench/<stem>.csv and <stem>.md."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "tta.csv", "w", newline="") as f:
+    with open(out / f"{stem}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -153,7 +161,7 @@ def write(rows: list[dict[str, Any]], out: Path) -> None:
                      f"{num(r['time_to_target_s'], 1)} | "
                      f"{'' if r['tta_speedup'] is None else num(r['tta_speedup']) + 'x'} |")
     lines += ["", "Overrides:", ""] + [f"- `{r['job']}`: `{r['overrides']}`" for r in rows]
-    (out / "tta.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -170,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"tta: skipped, no rate-limited network namespace here ({reason})")
         return 0
-    raw_dir = args.out / "raw" / "tta"
+    stem = stem_of(args.jobs)
+    raw_dir = args.out / "raw" / stem
     first = next(iter(jobs))
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     except Unavailable as exc:
         print(f"tta: skipped ({exc})")
         return 0
-    write(rows_of(jobs, results, args.ratio, rate), args.out)
+    write(rows_of(jobs, results, args.ratio, rate), args.out, stem)
     return 0
 
 

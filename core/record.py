@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -53,8 +54,14 @@ def _record_error(path: Path, exc: OSError) -> RecordError:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """``torch.save`` that never leaves a half-written checkpoint behind."""
-    atomic_write_bytes(path, lambda f: torch.save(state, f))
+    """``torch.save`` that never leaves a half-written checkpoint behind.
+
+    The state is serialized in memory first: torch's zip writer reports a full disk as a
+    RuntimeError, a plain write as the OSError that becomes a one-line :class:`RecordError`.
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write_bytes(path, lambda f: f.write(buffer.getbuffer()))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

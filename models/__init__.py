@@ -20,7 +20,8 @@ from core.errors import ConfigError, check_int
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
-# Modules that register models; imported lazily so that importing `models` stays cheap.
+# Modules that register models, one per model and named after it; imported when that model is
+# used (AlexNet and ResNet-50 import torchvision: seconds of start-up for every other run).
 _MODULES = (
     "resnet18", "vgg19bn", "senet18", "densenet", "googlenet", "alexnet", "resnet50", "lstm",
     "char_lstm", "mnist_cnn", "cifar10_cnn",
@@ -43,9 +44,15 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def exists(name: object) -> bool:
+    """Whether ``name`` is a registered model (importing only its module)."""
+    _load(name)
+    return isinstance(name, str) and name in _REGISTRY
+
+
 def build(name: str, num_classes: int, **kwargs: object) -> nn.Module:
     """Create model ``name`` for ``num_classes`` outputs (classes, or vocabulary size)."""
-    _load_all()
+    _load(name)
     if name not in _REGISTRY:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(_REGISTRY)}")
     return _REGISTRY[name](num_classes=num_classes, **kwargs)
@@ -56,7 +63,7 @@ def check(cfg: Any) -> None:
     every value (each model's builder checks its own, raising a ConfigError naming
     ``model.<key>``), by building the model on the meta device (no memory, no compute)."""
     name = cfg.get("name")
-    if name not in available():
+    if not exists(name):
         raise ConfigError(f"model.name: unknown model {name!r}; choose one of {available()}")
     kwargs = {k: v for k, v in cfg.items() if k != "name"}
     allowed = list(inspect.signature(_REGISTRY[name]).parameters)
@@ -80,10 +87,19 @@ def input_kind(name: str) -> dict[str, object]:
     ``{"kind": "image", "shape": (C, H, W)}`` for image models, ``{"kind": "tokens"}`` for
     language models (integer ids ``[batch, seq]``).
     """
-    _load_all()
+    _load(name)
     if name not in _REGISTRY:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {sorted(_REGISTRY)}")
     return dict(sys.modules[_REGISTRY[name].__module__].INPUT)
+
+
+def _load(name: Any) -> None:
+    """Import the module of model ``name`` (all of them for an unknown name: the error lists
+    every model)."""
+    if name in _MODULES:
+        importlib.import_module(f"models.{name}")
+    else:
+        _load_all()
 
 
 def _load_all() -> None:

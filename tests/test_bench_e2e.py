@@ -111,7 +111,7 @@ jobs:
 """)
     out = tmp_path / "bench"
     run("benchmarks.tta", "--jobs", str(jobs), "--ratio", "4", "--out", str(out))
-    rows = read_csv(out / "tta.csv")
+    rows = read_csv(out / "tta_jobs.csv")
     assert [r["job"] for r in rows] == ["low", "accordion"]
     for r in rows:
         assert r["status"] == "completed" and int(r["epochs"]) == 2
@@ -119,5 +119,5 @@ jobs:
         assert 0.0 <= float(r["final"]) <= 100.0  # test/accuracy in percent
     assert float(rows[0]["speedup"]) == 1.0
     assert rows[0]["time_to_target_s"] != ""  # the reference reaches its own final value
-    assert (out / "raw" / "tta" / "accordion" / "summary.json").exists()
-    assert "| accordion | completed | 2 |" in (out / "tta.md").read_text()
+    assert (out / "raw" / "tta_jobs" / "accordion" / "summary.json").exists()
+    assert "| accordion | completed | 2 |" in (out / "tta_jobs.md").read_text()

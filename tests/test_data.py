@@ -9,6 +9,8 @@ import gzip
 import math
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from PIL import Image
 import data
 from core.errors import ConfigError
 from data import synthetic_text
+from tests.conftest import ROOT
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "dataset"
 FILE_BASED = ["cifar10", "cifar100", "mnist", "imagenet", "wikitext2", "shakespeare"]
@@ -64,6 +67,30 @@ def test_every_yaml_is_registered_and_documents_the_common_keys() -> None:
 @pytest.mark.parametrize("name", FILE_BASED)
 def test_missing_files_name_the_expected_path(tmp_path: Path, name: str) -> None:
     config_error(config(name, root=str(tmp_path)), "dataset.root", str(tmp_path), build=False)
+
+
+def test_digits_are_scikit_learns() -> None:
+    # Read from scikit-learn's file without importing it: the same arrays as load_digits.
+    from sklearn.datasets import load_digits
+
+    from data import digits
+
+    images, labels = digits.load()
+    reference = load_digits()
+    assert np.array_equal(images, reference.images) and np.array_equal(labels, reference.target)
+
+
+def test_only_the_dataset_and_model_in_use_are_imported() -> None:
+    # torchvision (CIFAR, ImageNet, MNIST, AlexNet, ResNet-50) and scikit-learn cost seconds of
+    # every run's start-up: a digits / ResNet-18 run checks and builds without them.
+    code = ("import sys; from omegaconf import OmegaConf; import data, models; "
+            "cfg = OmegaConf.load('conf/dataset/digits.yaml'); data.check(cfg); "
+            "models.check(OmegaConf.create({'name': 'resnet18', 'num_classes': 10})); "
+            "data.build(cfg); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torchvision', 'sklearn'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]"]
 
 
 @pytest.mark.parametrize("name", FILE_BASED)

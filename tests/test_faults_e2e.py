@@ -9,6 +9,7 @@ runs them (pytest --stress), `make test` runs one compressor each.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,11 +61,13 @@ def fault_args(compressor: str, run_dir: Path, epochs: int = 4) -> list[str]:
 
 
 # ---- torchrun jobs we can reach into ------------------------------------------------------------
-def launch(args: list[str], log: Path) -> subprocess.Popen:
-    """torchrun with 2 workers, whose agent does not look at them for 10 minutes: a worker that
-    ends must end the job by itself (torchrun would otherwise stop the other one)."""
+def launch(args: list[str], log: Path, watched: bool = False) -> subprocess.Popen:
+    """torchrun with 2 workers. Unless ``watched``, the agent does not look at them for 10
+    minutes: a worker that ends must end the job by itself (torchrun would otherwise stop the
+    other one); watched, it reports their exit statuses as usual."""
+    monitor = [] if watched else ["--monitor-interval=600"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--monitor-interval=600", "run.py", *args]
+           *monitor, "run.py", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -122,6 +126,31 @@ def end(agent: subprocess.Popen, ranks: dict[int, int]) -> None:
     agent.wait(timeout=60)
 
 
+def seeded_fault(compressor: str, tmp_path: Path) -> tuple[Path, Path, random.Random, int]:
+    """The run that never fails (``straight``, run to the end), the directory of the one that
+    will (``faulty``), and a freshly seeded RNG for the fault's timing (the seed goes in every
+    assertion message: a failure can be replayed)."""
+    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
+    assert_ok(run_cli(fault_args(compressor, straight), nproc=2))
+    seed = random.randrange(2**32)
+    return straight, faulty, random.Random(seed), seed
+
+
+@contextlib.contextmanager
+def past_first_checkpoint(compressor: str, run_dir: Path, log: Path, watched: bool = False
+                          ) -> Iterator[tuple[subprocess.Popen, dict[int, int]]]:
+    """A 2-rank job of ``fault_args`` once its first checkpoint exists: (agent, pid by rank).
+    Whatever is left of it is killed on the way out."""
+    agent = launch(fault_args(compressor, run_dir), log, watched)
+    ranks: dict[int, int] = {}
+    try:
+        ranks = workers(agent)
+        wait_for(run_dir / "checkpoint.pt", agent, log)
+        yield agent, ranks
+    finally:
+        end(agent, ranks)
+
+
 def error_lines(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if line.startswith("error: ")]
 
@@ -137,25 +166,15 @@ def same_rows(a: list[dict], b: list[dict]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("compressor", stress_unless("topk"))
 def test_killed_rank_ends_the_job_and_the_run_resumes_bit_exactly(tmp_path, compressor):
-    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
-    assert_ok(run_cli(fault_args(compressor, straight), nproc=2))
-    rng = random.Random()
-    seed = rng.randrange(2**32)
-    rng.seed(seed)
+    straight, faulty, rng, seed = seeded_fault(compressor, tmp_path)
     victim, delay = rng.randrange(2), rng.uniform(0.0, 1.5)  # mid-epoch 1 or 2, either rank
     note = f"seed {seed}: SIGKILL to rank {victim} {delay:.2f} s after the first checkpoint"
     log = tmp_path / "faulty.log"
-    agent = launch(fault_args(compressor, faulty), log)
-    ranks: dict[int, int] = {}
-    try:
-        ranks = workers(agent)
-        wait_for(faulty / "checkpoint.pt", agent, log)
+    with past_first_checkpoint(compressor, faulty, log) as (_, ranks):
         time.sleep(delay)
         assert not (faulty / "summary.json").exists(), note  # killed while still training
         os.kill(ranks[victim], signal.SIGKILL)
         waited = wait_gone(ranks[1 - victim], TIMEOUT_S + MARGIN_S)
-    finally:
-        end(agent, ranks)
     assert waited <= TIMEOUT_S + MARGIN_S, f"{note}: the survivor hangs"
     summary = json.loads((faulty / "summary.json").read_text())
     assert summary["status"].startswith(f"failed: lost rank {victim} "), (note, summary)
@@ -296,9 +315,6 @@ def _mount_tmpfs(path: Path, size: str, remount: bool = False) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="since the preemption merge a full disk during the resumed run's "
-                          "checkpoint write reaches the user as a traceback from torch.save "
-                          "(not one line); to fix in training/checkpoint.py", strict=False)
 def test_full_disk_is_one_line_and_loses_no_epoch(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()

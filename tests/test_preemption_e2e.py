@@ -9,10 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import ROOT, assert_ok, read_rows, run_cli
-from tests.test_faults_e2e import end, fault_args, same_rows, wait_for, workers
+from tests.test_faults_e2e import fault_args, past_first_checkpoint, same_rows, seeded_fault
 from training import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -38,15 +35,6 @@ def compressors_and_signals() -> list:
             ("topk", "SIGTERM", "auto"), pytest.param("adacomp", "SIGUSR1", "true", marks=stress)]
 
 
-def _launch(args: list[str], log: Path) -> subprocess.Popen:
-    """torchrun with 2 workers, watching them as usual (it reports their exit statuses)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "run.py", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def same_weights(a: Path, b: Path) -> None:
     wa = torch.load(a / "checkpoint.pt", weights_only=False)["model"]
     wb = torch.load(b / "checkpoint.pt", weights_only=False)["model"]
@@ -58,29 +46,19 @@ def same_weights(a: Path, b: Path) -> None:
 def test_preempted_job_checkpoints_mid_epoch_and_resumes_bit_exactly(tmp_path, compressor,
                                                                      name, resume):
     signum = signal.Signals[name]
-    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
-    assert_ok(run_cli(fault_args(compressor, straight), nproc=2))
-    rng = random.Random()
-    seed = rng.randrange(2**32)
-    rng.seed(seed)
+    straight, faulty, rng, seed = seeded_fault(compressor, tmp_path)
     delay, skew = rng.uniform(0.0, 1.0), rng.uniform(0.0, 0.3)
     first = rng.randrange(2)
     note = (f"seed {seed}: {name} to rank {first} {delay:.2f} s after the first checkpoint, "
             f"to the other {skew:.2f} s later")
     log = tmp_path / "faulty.log"
-    agent = _launch(fault_args(compressor, faulty), log)
-    ranks: dict[int, int] = {}
-    try:
-        ranks = workers(agent)
-        wait_for(faulty / "checkpoint.pt", agent, log)
+    with past_first_checkpoint(compressor, faulty, log, watched=True) as (agent, ranks):
         time.sleep(delay)
         os.kill(ranks[first], signum)
         time.sleep(skew)  # the ranks hear of it at different steps
         with contextlib.suppress(ProcessLookupError):  # gone: the other rank's signal sufficed
             os.kill(ranks[1 - first], signum)
         agent.wait(timeout=120)
-    finally:
-        end(agent, ranks)
     text = " ".join(log.read_text().split())
     summary = json.loads((faulty / "summary.json").read_text())
     assert summary["status"].startswith(f"preempted: {name} at epoch "), (note, text[-3000:])

@@ -105,7 +105,9 @@ def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
     if deterministic:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        # torch.use_deterministic_algorithms(True, warn_only=True) without its import of
+        # torch._inductor (seconds of start-up, for the flag of torch.compile, unused here).
+        torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
 def rank_seed(seed: int, rank: int) -> int:

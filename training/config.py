@@ -168,7 +168,7 @@ def _check_model_fits_data(model_cfg: Any, dataset: Any) -> None:
     """A model for token streams needs a language-model dataset; an image model, images of its
     own height and width (channels adapt through ``model.in_channels``)."""
     model = model_cfg.name
-    if model not in models.available():
+    if not models.exists(model):
         raise ConfigError(f"model.name: unknown model {model!r}; choose one of "
                           f"{models.available()}")
     spec = models.input_kind(model)
