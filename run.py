@@ -368,6 +368,23 @@ def _quiet_other_ranks() -> None:
         sys.argv.extend(extra)
 
 
+def _exit_without_teardown(code: int | str | None) -> None:
+    """Exit with ``code`` as ``sys.exit`` would, after flushing logs and streams, but skipping
+    the interpreter's teardown: everything is written by then, and gloo's C++ threads, destroyed
+    during teardown, abort a rank now and then ("terminate called without an active exception",
+    exit -6 after a complete run; pytorch/pytorch#179291 describes the mechanism)."""
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if isinstance(code, str) else code or 0)
+
+
 if __name__ == "__main__":
     _quiet_other_ranks()
-    main()
+    try:
+        main()
+    except SystemExit as exc:
+        _exit_without_teardown(exc.code)
+    _exit_without_teardown(0)

@@ -1,7 +1,8 @@
 """Real run records for the analysis tests: ten tiny runs of `run.py`, trained once.
 
-One `python run.py -m` process (Hydra's sequential launcher: one start-up for all runs) over a
-config group written here; each option is one run, with the run identity of CONTRACT.md:
+One `python run.py -m` sweep over a config group written here (the suite's `ddp` launcher: one
+`run.py` process per run, as `make reproduce-*` runs them); each option is one run, with the run
+identity of CONTRACT.md:
 
 - ``table1``: PowerSGD rank 2 (the baseline), rank 1 and Accordion 2 <-> 1 (interval 1: epochs
   0-1 critical, epoch 2 decided by the norms), seeds 0 and 1; seed 0 with an offline W&B run;
@@ -9,7 +10,7 @@ config group written here; each option is one run, with the run identity of CONT
 - ``adacomp``: no compression (the baseline) and AdaComp (conv bin 50, FC bin 500), seed 0.
 
 Every run: ResNet-18 at width 8 on 64 digits (2 steps an epoch), 3 epochs; about 40 s of CPU in
-all. Directory names are Hydra's job numbers: the analysis never reads them.
+all (plus about 7 s of process start-up a run). Directory names are Hydra's job numbers: the analysis never reads them.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ Hydra's basic launcher calls the task function inside the sweeping process, whic
 so every job is exactly what a user gets from ``torchrun`` by hand (same code path, same run
 record), on a fresh port, isolated from the other jobs: a job that fails or exits with status 2
 does not stop the sweep, and its status comes back to the sweeper as a failed ``JobReturn``.
+A job of one rank is ``python run.py <overrides>`` (a world-size-1 group, the same training
+code), which spares torchrun's agent: about 4 s of start-up a job.
 """
 
 # No `from __future__ import annotations`: Hydra loads plugin modules without registering them in
@@ -72,8 +74,10 @@ class DDPLauncher(Launcher):
 
     def run_job(self, overrides: list[str]) -> int:
         """Run one job to its end; its exit status."""
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={self.nproc_per_node}", sys.argv[0], *overrides]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={self.nproc_per_node}"]
+        cmd = [*(torchrun if self.nproc_per_node > 1 else [sys.executable]), sys.argv[0],
+               *overrides]
         return subprocess.run(cmd, check=False).returncode
 
 
