@@ -10,7 +10,8 @@ identity of CONTRACT.md:
 - ``adacomp``: no compression (the baseline) and AdaComp (conv bin 50, FC bin 500), seed 0.
 
 Every run: ResNet-18 at width 8 on 64 digits (2 steps an epoch), 3 epochs; about 40 s of CPU in
-all (plus about 7 s of process start-up a run). Directory names are Hydra's job numbers: the analysis never reads them.
+all, plus about 7 s of process start-up a run. Directory names are Hydra's job numbers: the
+analysis never reads them.
 """
 
 from __future__ import annotations
