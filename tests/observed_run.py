@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 2 tests/observed_run.py <run.py's overrides>   # OBSERVE_DIR=<dir>
 
 Runs run.py's Hydra app unchanged. Before it starts, it wraps ``models.build`` and
-``schedulers.build`` so that, on every rank, it records (into ``$OBSERVE_DIR/rank<r>.pt``):
+``schedulers.build`` so that, on every rank, it records (into ``$OBSERVE_DIR/rank<r>.pt``,
+rewritten at the end of every epoch):
 
 - ``local``: per epoch and parameter, this rank's local gradients summed over the epoch's
   steps, taken by autograd hooks on the parameters themselves (``Tensor.register_hook``: the
@@ -62,18 +63,23 @@ def _observed_scheduler(cfg: Any) -> schedulers.Scheduler:
     def end_epoch(epoch: int, grad_norms: dict[str, float], lr: float, next_lr: float
                   ) -> dict[str, Any]:
         RECORD["received"].append(dict(grad_norms))
-        return end(epoch, grad_norms, lr, next_lr)
+        row = end(epoch, grad_norms, lr, next_lr)
+        _save()
+        return row
 
     scheduler.start_epoch, scheduler.end_epoch = start_epoch, end_epoch
     return scheduler
+
+
+def _save() -> None:
+    """The record so far, after every epoch: run.py's process ends with ``os._exit``, so nothing
+    can be written after it returns."""
+    rank = int(os.environ.get("RANK", "0"))
+    torch.save(RECORD, Path(os.environ["OBSERVE_DIR"]) / f"rank{rank}.pt")
 
 
 _build_model, _build_scheduler = models.build, schedulers.build
 models.build, schedulers.build = _observed_model, _observed_scheduler
 
 if __name__ == "__main__":
-    try:
-        runpy.run_path(str(ROOT / "run.py"), run_name="__main__")  # as `python run.py ...`
-    finally:
-        rank = int(os.environ.get("RANK", "0"))
-        torch.save(RECORD, Path(os.environ["OBSERVE_DIR"]) / f"rank{rank}.pt")
+    runpy.run_path(str(ROOT / "run.py"), run_name="__main__")  # as `python run.py ...`
