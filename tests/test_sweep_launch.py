@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,3 +112,62 @@ def test_submitit_local_sweep_of_two_rank_jobs(tmp_path):
         assert len(read_rows(path)) == 2
     logs = list((tmp_path / "table1" / "tiny" / ".submitit").rglob("*_log.out"))
     assert len(logs) == 4  # 2 jobs x 2 tasks
+
+
+def submitit_tasks(root: Path, proc: subprocess.Popen[str], deadline_s: float = 300
+                   ) -> dict[int, int]:
+    """The task processes of the submitit job whose folder is under ``root``, by global rank
+    (read from /proc: ``SUBMITIT_LOCAL_GLOBALID`` and the job's command in their environment)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        tasks = {}
+        for entry in Path("/proc").iterdir():
+            try:
+                env = dict(e.split(b"=", 1) for e in (entry / "environ").read_bytes().split(b"\0")
+                           if b"=" in e) if entry.name.isdigit() else {}
+            except OSError:  # gone, or not ours to read
+                continue
+            if str(root).encode() in env.get(b"SUBMITIT_LOCAL_COMMAND", b"") \
+                    and b"SUBMITIT_LOCAL_GLOBALID" in env:
+                tasks[int(env[b"SUBMITIT_LOCAL_GLOBALID"])] = int(entry.name)
+        if len(tasks) == 2:
+            return tasks
+        assert proc.poll() is None, proc.stdout.read()[-5000:]
+        time.sleep(0.1)
+    raise AssertionError("submitit did not start the job's 2 tasks")
+
+
+def test_submitit_requeues_a_preempted_job_that_resumes_bit_exactly(tmp_path):
+    # Slurm's warning before the time limit reaches the tasks of a submitit job (submitit's own
+    # signal, SIGUSR2, as --signal=USR2@<s> sends it; a little apart on each task): the ranks
+    # stop at one step boundary, rank 0 takes submitit's requeue (the local executor restarts
+    # the tasks, as Slurm requeues the job), and the requeued job resumes mid-epoch
+    # (resume=auto) to end as a job that never stopped.
+    from tests.test_faults_e2e import same_rows
+    from tests.test_preemption_e2e import same_weights
+
+    args = ["launcher=submitit_local", "method=rank2", "trainer.epochs=6"]
+    straight = sweep([f"runs_root={tmp_path / 'straight'}", *args])
+    finish(straight)
+    root = tmp_path / "requeued"
+    proc = sweep([f"runs_root={root}", *args], start_new_session=True)
+    run_dir = run_dirs(root)["rank2"]
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoint.pt").exists():  # the first epoch is done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-5000:]
+        time.sleep(0.05)
+    tasks = submitit_tasks(root, proc)
+    os.kill(tasks[0], signal.SIGUSR2)
+    time.sleep(0.2)
+    os.kill(tasks[1], signal.SIGUSR2)
+    finish(proc)
+    job = root / "table1" / "tiny" / ".submitit"
+    (out,), (err,) = job.rglob("*_0_log.out"), job.rglob("*_0_log.err")  # rank 0's task
+    out, err = " ".join(out.read_text().split()), " ".join(err.read_text().split())
+    stopped = re.search(r"preempted: SIGUSR2 at epoch (\d+), step (\d+)", err)
+    assert stopped and int(stopped[1]) >= 1 and int(stopped[2]) >= 1, err[-3000:]  # mid-epoch
+    assert "Requeued job" in out and out.count("Starting with JobEnvironment") == 2, out[-3000:]
+    done = summary(run_dir)
+    assert done["status"] == "completed" and done["params_in_sync"], done
+    same_rows(read_rows(run_dirs(tmp_path / "straight")["rank2"]), read_rows(run_dir))
+    same_weights(run_dirs(tmp_path / "straight")["rank2"], run_dir)
