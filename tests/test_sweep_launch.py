@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, read_rows
+from tests.test_faults_e2e import same_rows
+from tests.test_preemption_e2e import same_weights
 
 pytestmark = pytest.mark.slow
 
@@ -100,17 +102,27 @@ def test_a_run_directory_of_another_config_stops_the_sweep(tmp_path):
         in error[0] and "Traceback" not in out
 
 
-def test_submitit_local_sweep_of_two_rank_jobs(tmp_path):
+SUBMITIT = ["launcher=submitit_local", "trainer.epochs=6"]
+
+
+@pytest.fixture(scope="module")
+def submitit_sweep(tmp_path_factory) -> tuple[Path, str]:
+    """A 2-job sweep of 2-rank runs through submitit's local executor (its runs root, output)."""
+    root = tmp_path_factory.mktemp("submitit")
+    return root, finish(sweep([f"runs_root={root}", *SUBMITIT,
+                               "method=rank2,accordion_rank2_rank1"]))
+
+
+def test_submitit_local_sweep_of_two_rank_jobs(submitit_sweep):
     # The Slurm launcher's code path: each job is 2 tasks that find their rank through submitit.
-    out = finish(sweep([f"runs_root={tmp_path}", "launcher=submitit_local",
-                        "method=rank2,accordion_rank2_rank1", "trainer.epochs=2"]))
+    root, out = submitit_sweep
     assert "2 runs: 0 complete, 0 to resume, 0 failed to rerun, 2 to start" in out
     for method in ("rank2", "accordion_rank2_rank1"):
-        path = run_dirs(tmp_path)[method]
+        path = run_dirs(root)[method]
         assert summary(path)["status"] == "completed" and summary(path)["params_in_sync"]
         assert torch.load(path / "checkpoint.pt", weights_only=False)["world_size"] == 2
-        assert len(read_rows(path)) == 2
-    logs = list((tmp_path / "table1" / "tiny" / ".submitit").rglob("*_log.out"))
+        assert len(read_rows(path)) == 6
+    logs = list((root / "table1" / "tiny" / ".submitit").rglob("*_log.out"))
     assert len(logs) == 4  # 2 jobs x 2 tasks
 
 
@@ -137,20 +149,16 @@ def submitit_tasks(root: Path, proc: subprocess.Popen[str], deadline_s: float = 
     raise AssertionError("submitit did not start the job's 2 tasks")
 
 
-def test_submitit_requeues_a_preempted_job_that_resumes_bit_exactly(tmp_path):
+def test_submitit_requeues_a_preempted_job_that_resumes_bit_exactly(tmp_path,
+                                                                     submitit_sweep):
     # Slurm's warning before the time limit reaches the tasks of a submitit job (submitit's own
     # signal, SIGUSR2, as --signal=USR2@<s> sends it; a little apart on each task): the ranks
     # stop at one step boundary, rank 0 takes submitit's requeue (the local executor restarts
     # the tasks, as Slurm requeues the job), and the requeued job resumes mid-epoch
     # (resume=auto) to end as a job that never stopped.
-    from tests.test_faults_e2e import same_rows
-    from tests.test_preemption_e2e import same_weights
-
-    args = ["launcher=submitit_local", "method=rank2", "trainer.epochs=6"]
-    straight = sweep([f"runs_root={tmp_path / 'straight'}", *args])
-    finish(straight)
+    straight = run_dirs(submitit_sweep[0])["rank2"]  # the same job, never stopped
     root = tmp_path / "requeued"
-    proc = sweep([f"runs_root={root}", *args], start_new_session=True)
+    proc = sweep([f"runs_root={root}", *SUBMITIT, "method=rank2"], start_new_session=True)
     run_dir = run_dirs(root)["rank2"]
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoint.pt").exists():  # the first epoch is done
@@ -169,5 +177,5 @@ def test_submitit_requeues_a_preempted_job_that_resumes_bit_exactly(tmp_path):
     assert "Requeued job" in out and out.count("Starting with JobEnvironment") == 2, out[-3000:]
     done = summary(run_dir)
     assert done["status"] == "completed" and done["params_in_sync"], done
-    same_rows(read_rows(run_dirs(tmp_path / "straight")["rank2"]), read_rows(run_dir))
-    same_weights(run_dirs(tmp_path / "straight")["rank2"], run_dir)
+    same_rows(read_rows(straight), read_rows(run_dir))
+    same_weights(straight, run_dir)
