@@ -62,13 +62,15 @@ class Group:
 
 
 GROUPS = {
-    "hook": Group(["compression/hook.py"], ["tests/test_hook_accounting.py"],
-                  ranks=["tests/test_glue_ranks.py"]),
+    "hook": Group(["compression/hook.py"],
+                  ["tests/test_hook_accounting.py", "tests/test_faults.py"],
+                  ranks=["tests/test_glue_ranks.py", "tests/test_preemption.py"]),
     "lr": Group(["core/lr.py"], ["tests/test_lr.py"]),
     "record": Group(["core/record.py"], ["tests/test_record.py"]),
-    "checkpoint": Group(["training/checkpoint.py"], ["tests/test_checkpoint.py"],
-                        ranks=["tests/test_glue_ranks.py"]),
-    "tasks": Group(["training/tasks.py"], ["tests/test_tasks.py"],
+    "checkpoint": Group(["training/checkpoint.py"],
+                        ["tests/test_checkpoint.py", "tests/test_faults.py"],
+                        ranks=["tests/test_glue_ranks.py", "tests/test_preemption.py"]),
+    "tasks": Group(["training/tasks.py"], ["tests/test_tasks.py", "tests/test_preemption.py"],
                    ranks=["tests/test_glue_ranks.py"]),
     "schedulers": Group(["schedulers/*.py"], ["tests/test_schedulers.py"]),
     "data": Group(["data/cifar.py", "data/imagenet.py"],

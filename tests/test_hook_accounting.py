@@ -9,6 +9,7 @@ over several workers runs on simulated workers (``SimComm``), which drive the ho
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 
@@ -302,3 +303,33 @@ def test_a_bucket_with_dense_tensors_and_a_compressed_layer():
 def test_a_bucket_of_compressed_layers_only():
     _, _, sent, _ = _run_bucket(2, [], name="topk", layer_shape=(4, 5))
     assert sent == [[Sent(64 * 2, 64 * 2)]] * 2
+
+
+@pytest.mark.parametrize(("name", "params"), [("topk", {"ratio": 0.25}),
+                                              ("adacomp", {"conv_bin_size": 5, "fc_bin_size": 7})])
+def test_an_epoch_stopped_mid_way_continues_with_its_sums(group, name, params):
+    # A mid-epoch checkpoint's epoch state (Delta_e, bits in all and by type, sent counts, step,
+    # compress time), loaded into a fresh hook state after 3 of 6 steps: the epoch ends with the
+    # stats of the state that ran all 6. One bucket: DDP lays out its buckets anew after a
+    # model's first step, and AdaComp pads each bucket's message to whole words, so with several
+    # buckets the first step after a restart can differ in comm/wire_bits by that padding.
+    params = {**params, "bucket_cap_mb": 25}
+    model, ddp, state, opt = make(name, **params)
+    train(model, ddp, opt, range(3))
+    epoch, saved = state.epoch_state_dict(), state.state_dict()
+    weights, moments = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    assert epoch["step"] == 3 and epoch["bits"] > 0
+    train(model, ddp, opt, range(3, 6))
+    model2, ddp2, fresh, opt2 = make(name, **params)
+    model2.load_state_dict(weights), opt2.load_state_dict(moments)
+    fresh.load_state_dict(saved)
+    fresh.reset_epoch(0)
+    fresh.load_epoch_state_dict(epoch, torch.device("cpu"))
+    assert fresh.timer.seconds == epoch["compress_s"]
+    train(model2, ddp2, opt2, range(3, 6))
+    timeless = lambda stats: {k: v for k, v in stats.items() if not k.startswith("time/")}  # noqa: E731
+    assert timeless(fresh.epoch_stats()) == timeless(state.epoch_stats())
+    assert fresh.grad_norms() == state.grad_norms() and fresh.step == state.step == 6
+    assert fresh.nonfinite() is None
+    fresh.load_epoch_state_dict({**epoch, "nonfinite": (2, ["fc.weight"])}, torch.device("cpu"))
+    assert fresh.nonfinite() == (2, ["fc.weight"])
