@@ -43,7 +43,7 @@ def build(cfg: Any) -> Scheduler:
         raise ConfigError(f"scheduler.name: unknown scheduler {name!r}; choose one of "
                           f"{available()}")
     params = {k: v for k, v in cfg.items() if k != "name"}
-    allowed = [p for p in inspect.signature(_REGISTRY[name]).parameters if p != "self"]
+    allowed = list(inspect.signature(_REGISTRY[name]).parameters)  # of a class: no "self"
     for key in params:
         if key not in allowed:
             raise ConfigError(f"scheduler.{key}: unknown key for scheduler {name!r}; expected "

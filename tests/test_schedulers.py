@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -113,6 +114,31 @@ def test_replay_lengths_and_layers():
         replay(series(1, 1, 1), [0.1] * 4, interval=2, layers=["a", "b"])
 
 
+def test_replay_layers_default_to_those_of_epoch_0():
+    assert replay([{"a": 1.0, "b": 1.0}, {"a": 1.0}], [0.1] * 3) == [{"a": T, "b": T}] * 3
+
+
+@pytest.mark.parametrize(("norms", "layers", "message"), [
+    (series(1, 1, 1), ["a", "b"], "replay: norms[0] has no entry for layer 'b'"),  # Delta_{e-2}
+    ([{"a": 1, "b": 1}, {"a": 1}, {"a": 1}], None, "replay: norms[2] has no entry for layer 'b'"),
+])
+def test_replay_missing_norm_names_its_epoch(norms, layers, message):
+    with pytest.raises(ValueError) as exc:
+        replay(norms, [0.1] * 4, interval=2, layers=layers)
+    assert str(exc.value) == message
+
+
+# The default detector (eta 0.5, interval 10): |10 - 4| / 10 = 0.6 at the end of epoch 10 makes
+# 11..20 critical, 0 at the end of 20 makes 21 not. Eta 1.5 would end the regime at 10; interval
+# 11 would compare epoch 11 with epoch 0 (both 10: no change) and end it at 11.
+DEFAULT_SERIES = [10.0] + [1.0] * 9 + [4.0, 10.0] + [1.0] * 8 + [4.0, 1.0]
+DEFAULT_CRIT = [T] * 21 + [F]
+
+
+def test_replay_defaults_are_eta_half_interval_ten():
+    assert crit(replay(series(*DEFAULT_SERIES), [0.1] * 23)) == DEFAULT_CRIT + [F]
+
+
 @pytest.mark.parametrize(("eta", "interval", "field"), [
     (0, 10, "scheduler.eta"), (-0.5, 10, "scheduler.eta"), (0.5, 0, "scheduler.interval"),
     (0.5, 2.5, "scheduler.interval"),
@@ -149,15 +175,15 @@ EXPECT_0 = [T, T, T, F, F, T, T]
 EXPECT_2 = [T, T, T, T, T, F, F]
 
 
-def drive(sched: schedulers.Scheduler, hook_state: HookState, epochs: range, lr=lambda e: 0.1
-          ) -> list[dict]:
+def drive(sched: schedulers.Scheduler, hook_state: HookState, epochs: range, lr=lambda e: 0.1,
+          norms: list[dict[str, float]] = NORMS) -> list[dict]:
     """start_epoch / end_epoch as run.py calls them; per epoch the metrics and the levels."""
     out = []
     for e in epochs:
         row = dict(sched.start_epoch(e, hook_state))
         row["_levels"] = {n: hook_state.layers[n].level for n in hook_state.compressed_layers()}
         row["_batch"], row["_scale"] = sched.batch_size(e, 64), sched.lr_scale(e)
-        row.update(sched.end_epoch(e, NORMS[e], lr(e), lr(e + 1)))
+        row.update(sched.end_epoch(e, norms[e], lr(e), lr(e + 1)))
         out.append(row)
     return out
 
@@ -252,6 +278,64 @@ def test_start_epoch_without_history_is_an_error(group):
         build(name="accordion").start_epoch(3, hook_for("powersgd"))
 
 
+@pytest.mark.parametrize("name", ["accordion", "accordion_batch", "accordion_joint"])
+def test_schedulers_default_to_eta_half_interval_ten(group, name):
+    norms = [dict.fromkeys(NORMS[0], v) for v in DEFAULT_SERIES]  # whole model: 2 v, same ratios
+    rows = drive(build(name=name), hook_for("powersgd"), range(22), norms=norms)
+    assert [{v for k, v in r.items() if k.startswith("critical/")} for r in rows] == [
+        {c} for c in DEFAULT_CRIT]
+
+
+@pytest.mark.parametrize("name", ["accordion", "accordion_joint"])
+def test_low_alone_keeps_the_compressors_high(group, name):
+    rows = drive(build(name=name, low=4, interval=2), hook_for("powersgd"), range(7))
+    assert [r["_levels"]["0.weight"] for r in rows] == [4 if c else 1 for c in EXPECT_0]
+
+
+def test_accordion_tracks_the_compressed_layers_from_its_first_epoch(group):
+    sched = build(name="accordion")
+    assert sched.layers == []  # none before start_epoch
+    sched.start_epoch(0, hook_for("powersgd"))
+    assert sched.layers == ["0.weight", "2.weight"]
+
+
+def test_nan_ratio_is_critical_and_logged_with_its_layers_and_norms(group, caplog):
+    # end of 2: 0.weight nan -> 1 and 2.weight inf -> inf both give a NaN ratio
+    nan, inf = math.nan, math.inf
+    norms = [{**NORMS[0], "0.weight": w, "2.weight": v} for w, v in
+             [(nan, inf), (1.0, 1.0), (1.0, inf), (1.0, 1.0)]]
+    with caplog.at_level(logging.WARNING, logger="schedulers.accordion"):
+        rows = drive(build(name="accordion", interval=2), hook_for("powersgd"), range(4),
+                     norms=norms)
+    assert math.isnan(rows[2]["ratio/0.weight"]) and math.isnan(rows[2]["ratio/2.weight"])
+    assert rows[3]["critical/0.weight"] and rows[3]["critical/2.weight"]
+    [record] = [r for r in caplog.records if r.name == "schedulers.accordion"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == ("accordion: NaN ratio at epoch 2 for 0.weight, 2.weight "
+                                   "(norms [nan, inf] -> [1.0, inf]): critical")
+
+
+def test_end_epoch_out_of_order_is_an_error():
+    with pytest.raises(RuntimeError, match=r"^end_epoch\(3\) after 0 recorded epochs$"):
+        build(name="accordion_batch").end_epoch(3, NORMS[0], 0.1, 0.1)
+
+
+def test_batch_low_equal_to_batch_high_is_one_fixed_batch():
+    sched = build(name="accordion_batch", batch_low=1024, batch_high=1024)
+    assert (sched.batch_size(0, 64), sched.lr_scale(0)) == (1024, 1.0)
+
+
+@pytest.mark.parametrize(("cfg", "sizes"), [
+    ({"name": "static"}, {"trainer.batch_size": 64}),
+    ({"name": "accordion"}, {"trainer.batch_size": 64}),
+    ({"name": "accordion_batch", "batch_low": 256, "batch_high": 1024},
+     {"scheduler.batch_low": 256, "scheduler.batch_high": 1024}),
+    ({"name": "accordion_joint"}, {"scheduler.batch_low": 512, "scheduler.batch_high": 4096}),
+])
+def test_batch_sizes_name_every_batch_by_its_field(cfg, sizes):
+    assert build(**cfg).batch_sizes(64) == sizes
+
+
 # ---- plan: a fixed per-epoch plan, no detector -------------------------------------------------
 def test_plan_levels_by_phase(group):
     hook_state = hook_for("powersgd", rank=3)
@@ -285,6 +369,18 @@ def test_plan_one_phase_of_large_batch_scales_lr_from_the_base():
 def test_plan_needs_no_state_to_resume():
     sched = build(name="plan", epochs=[0, 3], batch_sizes=[16, 32])
     assert sched.state_dict() == {} and sched.batch_size(5, 1) == 32  # a pure function of e
+
+
+def test_plan_null_level_is_each_layers_own_default(group):
+    hook_state = hook_for("adacomp")  # its own bins: 50 for conv kernels, 500 for matrices
+    rows = drive(build(name="plan", epochs=[0, 2], levels=[200, None]), hook_state, range(3))
+    assert [r["_levels"] for r in rows] == [{"0.weight": 200, "2.weight": 200}] * 2 + [
+        {"0.weight": 50, "2.weight": 500}]
+
+
+def test_plan_that_fits_validates():
+    sched = build(name="plan", epochs=[0, 2], levels=[4, None], batch_sizes=[512, 4096])
+    sched.validate(compression.build_compressor(OmegaConf.create({"name": "powersgd"})), 64, 4)
 
 
 @pytest.mark.parametrize(("cfg", "field"), [
@@ -360,6 +456,43 @@ def test_resume_with_another_detector_is_refused():
 def test_bad_values_rejected_at_build(cfg, field):
     with pytest.raises(ConfigError, match=rf"^{field}: "):
         build(**cfg)
+
+
+@pytest.mark.parametrize(("cfg", "message"), [
+    ({"name": "nope"}, "scheduler.name: unknown scheduler 'nope'; choose one of ['accordion', "
+     "'accordion_batch', 'accordion_joint', 'plan', 'static']"),
+    ({"name": "accordion", "rank": 2}, "scheduler.rank: unknown key for scheduler 'accordion'; "
+     "expected ['low', 'high', 'eta', 'interval']"),
+    ({"name": "static", "rank": 2}, "scheduler.rank: unknown key for scheduler 'static'; "
+     "expected none"),
+    ({"name": "accordion_batch", "batch_high": 0},
+     "scheduler.batch_high: expected an integer >= 1, got 0"),
+    ({"name": "plan", "epochs": 5},
+     "scheduler.epochs: expected a list (one entry per phase) or null, got 5"),
+    ({"name": "plan", "epochs": "0"},
+     "scheduler.epochs: expected a list (one entry per phase) or null, got '0'"),
+    ({"name": "plan", "levels": "1"},
+     "scheduler.levels: expected a list (one entry per phase) or null, got '1'"),
+    ({"name": "plan", "batch_sizes": 512},
+     "scheduler.batch_sizes: expected a list (one entry per phase) or null, got 512"),
+])
+def test_build_errors_say_what_is_allowed(cfg, message):
+    with pytest.raises(ConfigError) as exc:
+        build(**cfg)
+    assert str(exc.value) == message
+
+
+def test_register_names_the_class_and_build_makes_it(monkeypatch):
+    # register() itself, called here: the shipped schedulers register at import time
+    schedulers.available()  # every shipped scheduler registered before the registry is swapped
+    monkeypatch.setattr(schedulers, "_REGISTRY", dict(schedulers._REGISTRY))
+
+    class Probe(schedulers.Scheduler):
+        """A scheduler without parameters."""
+
+    assert schedulers.register("probe")(Probe) is Probe and Probe.name == "probe"
+    assert type(build(name="probe")) is Probe
+    assert all(build(name=n).name == n for n in schedulers.available())
 
 
 @pytest.mark.parametrize(("scheduler", "compressor", "world", "field"), [
