@@ -95,6 +95,12 @@ class Plan(Scheduler):
         """The phase's global batch (``default`` without ``batch_sizes``)."""
         return default if self.batches is None else int(self.batches[self.phase(epoch)])
 
+    def batch_sizes(self, default: int) -> dict[str, int]:
+        """Each planned batch by its place in ``batch_sizes`` (``default`` without a plan)."""
+        if self.batches is None:
+            return super().batch_sizes(default)
+        return {f"scheduler.batch_sizes[{i}]": int(b) for i, b in enumerate(self.batches)}
+
     def lr_scale(self, epoch: int) -> float:
         """The LR multiplier of the phase's batch relative to ``base_batch``."""
         if self.batches is None:

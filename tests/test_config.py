@@ -146,3 +146,15 @@ def test_slurm_launcher_composes_submitit(tmp_path):
         cfg = compose("config", overrides=["launcher=slurm"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
     assert cfg.hydra.launcher.tasks_per_node == 4
+
+
+def test_every_planned_batch_is_checked_against_the_data(compose_cfg, tmp_path):
+    # scheduler=plan's batches, like accordion_batch's, before any process group starts
+    import data
+    from training.config import prepare
+
+    cfg = compose_cfg("dataset=digits", "scheduler=plan", "scheduler.epochs=[0,2]",
+                      "scheduler.batch_sizes=[32,4096]", "trainer.batch_size=32")
+    with pytest.raises(ConfigError, match=r"^scheduler\.batch_sizes\[1\]: 4096 is larger than "
+                                          r"the training set \(\d+ examples\)$"):
+        prepare(cfg, data.build(cfg.dataset), 1, tmp_path)

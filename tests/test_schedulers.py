@@ -331,6 +331,9 @@ def test_batch_low_equal_to_batch_high_is_one_fixed_batch():
     ({"name": "accordion_batch", "batch_low": 256, "batch_high": 1024},
      {"scheduler.batch_low": 256, "scheduler.batch_high": 1024}),
     ({"name": "accordion_joint"}, {"scheduler.batch_low": 512, "scheduler.batch_high": 4096}),
+    ({"name": "plan", "epochs": [0, 2]}, {"trainer.batch_size": 64}),
+    ({"name": "plan", "epochs": [0, 2], "batch_sizes": [512, 4096]},
+     {"scheduler.batch_sizes[0]": 512, "scheduler.batch_sizes[1]": 4096}),
 ])
 def test_batch_sizes_name_every_batch_by_its_field(cfg, sizes):
     assert build(**cfg).batch_sizes(64) == sizes
