@@ -100,7 +100,7 @@ bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) 
 bench-tta: $(VENV_STAMP) ## time to accuracy of run.py jobs over the link at ratio 4 (JOBS=file.yaml) -> results/bench/tta.*
 	$(PY) -m benchmarks.tta $(if $(JOBS),--jobs $(JOBS))
 
-stress: $(VENV_STAMP) ## 50 back-to-back 2-rank runs over every compressor x scheduler -> results/bench/stress.{csv,md}; fault tests for every compressor; the config fuzz with fresh random examples
+stress: $(VENV_STAMP) ## 50 back-to-back 2-rank runs over every compressor x scheduler -> results/bench/stress.{csv,md}; every test marked stress (faults, preemption, simulated learners for every compressor); the config fuzz with fresh random examples
 	$(PY) -m benchmarks.stress
-	$(PY) -m pytest -q --stress -m stress tests/test_faults_e2e.py $(PYTEST_FLAGS)
+	$(PY) -m pytest -q --stress -m stress tests $(PYTEST_FLAGS)
 	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q tests/test_config_fuzz.py $(PYTEST_FLAGS)
