@@ -27,7 +27,6 @@ order of collectives identical on every rank, which gloo and NCCL require.
 """
 
 # No `from __future__ import annotations` here: DDP checks comm_hook's annotations at runtime.
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -100,10 +99,7 @@ class HookState:
         if overlap is not None:
             overlap.expect([n for n, layer in self.layers.items() if len(layer.shape) > 1])
         self.grad_sums: dict[str, torch.Tensor] = {}
-        self.step = 0  # synchronized steps (hook calls on a last bucket) in this epoch
         self.epoch = 0  # the epoch being trained (reset_epoch's)
-        self._nonfinite: tuple[int, list[str]] | None = None
-        self._sums: list[tuple[int, str, torch.Tensor]] = []  # sums to check (no kernel, CUDA)
         self.timer = Timer()
         self._previous: Future = Future()  # the last bucket's completion (see the module doc)
         self._previous.set_result(None)
@@ -144,8 +140,9 @@ class HookState:
         self.type_bits_dense = dict.fromkeys(LAYER_TYPES, 0)  # the same layers in fp32
         self.chosen: dict[str, list[int]] = {}  # per layer: elements a sparsifier sent, of all
         self.timer.seconds = 0.0
-        self.step = 0
-        self._nonfinite, self._sums = None, []
+        self.step = 0  # synchronized steps (hook calls on a last bucket) in this epoch
+        self._nonfinite: tuple[int, list[str]] | None = None  # see nonfinite()
+        self._sums: list[tuple[int, str, torch.Tensor]] = []  # sums to check (no kernel)
         for g in self.grad_sums.values():
             g.zero_()
 
@@ -276,14 +273,10 @@ class HookState:
             if acc is None:
                 acc = self.grad_sums[name] = torch.zeros_like(grad)
             finite = _grad_sum_kernel.add_finite(acc, grad)
-            if finite is None:  # no kernel for these tensors: add, then sum (no overflow in fp64)
-                acc.add_(grad)
-                total = acc.sum(dtype=torch.float64)
-                if total.device.type != "cpu":
-                    self._sums.append((self.step, name, total))
-                    continue
-                finite = math.isfinite(total.item())
-            if not finite:
+            if finite is None:  # no kernel for these tensors: add, then sum (no overflow in fp64),
+                acc.add_(grad)  # checked with the others in nonfinite() (no sync per step)
+                self._sums.append((self.step, name, acc.sum(dtype=torch.float64)))
+            elif not finite:
                 self._note_nonfinite(self.step, name)
 
     def _bucket_steps(self, previous: Future, dense: list[torch.Tensor], layers: list[Layer],

@@ -63,7 +63,8 @@ class Group:
 
 GROUPS = {
     "hook": Group(["compression/hook.py"],
-                  ["tests/test_hook_accounting.py", "tests/test_faults.py"],
+                  ["tests/test_hook_accounting.py", "tests/test_faults.py", "tests/test_overlap.py",
+                   "tests/test_observability.py"],
                   ranks=["tests/test_glue_ranks.py", "tests/test_preemption.py"]),
     "lr": Group(["core/lr.py"], ["tests/test_lr.py"]),
     "record": Group(["core/record.py"], ["tests/test_record.py"]),

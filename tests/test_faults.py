@@ -229,10 +229,12 @@ def group() -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def _train_steps(compressor: str, poison: dict[int, tuple[str, float]], steps: int = 4,
-                 dtype: torch.dtype = torch.float32) -> compression.HookState:
-    """A real (world-size-1) DDP model with the hook; ``poison[step] = (parameter, factor)``
-    multiplies that parameter's gradient at that step."""
+def _train_steps(compressor: str, poison: dict[int, list[tuple[str, float]]], steps: int = 4,
+                 dtype: torch.dtype = torch.float32, asked: int | None = None
+                 ) -> compression.HookState:
+    """A real (world-size-1) DDP model with the hook; ``poison[step] = [(parameter, factor),
+    ...]`` multiplies those parameters' gradients at that step; after step ``asked`` the
+    state's ``nonfinite()`` is asked (as a mid-epoch checkpoint does) and must be None."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.Flatten(), nn.Linear(16, 3)).to(dtype)
     state = compression.build(OmegaConf.create({"name": compressor}), model.named_parameters())
@@ -240,28 +242,39 @@ def _train_steps(compressor: str, poison: dict[int, tuple[str, float]], steps: i
     ddp.register_comm_hook(state, comm_hook)
     params = dict(model.named_parameters())
     for step in range(steps):
-        handle = None
-        if step in poison:
-            name, factor = poison[step]
-            handle = params[name].register_hook(lambda g, f=factor: g * f)
+        handles = [params[name].register_hook(lambda g, f=factor: g * f)
+                   for name, factor in poison.get(step, [])]
         ddp(torch.randn(5, 2, 4, 4, dtype=dtype)).sum().backward()
-        if handle is not None:
+        for handle in handles:
             handle.remove()
+        if step == asked:
+            assert state.nonfinite() is None
     return state
 
 
 @pytest.mark.parametrize("compressor", ["none", "topk", "adacomp"])
 def test_hook_names_the_first_step_and_layer_whose_sum_stops_being_finite(group, compressor):
-    assert _train_steps(compressor, {}).nonfinite() is None
-    state = _train_steps(compressor, {2: ("2.weight", math.inf), 3: ("0.weight", math.nan)})
-    assert state.nonfinite() == (2, ["2.weight"])  # step 3's NaN elsewhere comes later
-    state.reset_epoch()
-    assert state.nonfinite() is None
+    _first_nonfinite_step_and_layers(compressor, torch.float32)
 
 
 def test_hook_checks_without_the_kernel_too(group):
-    state = _train_steps("none", {1: ("0.bias", math.nan)}, dtype=torch.float64)
-    assert state.nonfinite() == (1, ["0.bias"])
+    # float64: no kernel; the sums are checked together when nonfinite() is asked
+    _first_nonfinite_step_and_layers("none", torch.float64)
+
+
+def _first_nonfinite_step_and_layers(compressor: str, dtype: torch.dtype) -> None:
+    assert _train_steps(compressor, {}, dtype=dtype).nonfinite() is None
+    state = _train_steps(compressor, {1: [("0.bias", math.nan)],
+                                      2: [("2.weight", math.inf), ("0.weight", math.nan)],
+                                      3: [("2.bias", math.nan)]}, dtype=dtype, asked=0)
+    # each layer named once, with the first step only (0.bias stays NaN at steps 2 and 3)
+    assert state.nonfinite() == (1, ["0.bias"]) == state.nonfinite()
+    state.reset_epoch()
+    steps = _train_steps(compressor, {2: [("2.weight", math.inf), ("0.weight", math.nan)],
+                                      3: [("2.bias", math.nan)]}, dtype=dtype)
+    assert steps.nonfinite()[0] == 2 and sorted(steps.nonfinite()[1]) == ["0.weight", "2.weight"]
+    steps.reset_epoch()
+    assert steps.nonfinite() is None
 
 
 def test_describe_nonfinite_names_layer_rank_epoch_and_step():
