@@ -114,29 +114,53 @@ CIFAR_MEAN_STD = {
 }
 
 
-def write_cifar(root: Path, name: str, per_file: int = 4, byte_keys: bool = True) -> dict:
-    """Pickle batches like the official ones; returns {file: (data, labels)}."""
+class Python2Pickler(pickle._Pickler):  # the pure-Python pickler, whose opcodes can be chosen
+    """Pickles ``bytes`` as Python 2 ``str`` (SHORT_BINSTRING / BINSTRING), as cPickle wrote
+    the official batches: Python 3 decodes those with ``pickle.load``'s ``encoding``, the raw
+    pixels of a numpy array included (which only latin1 maps back byte for byte)."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_python2_str(self, obj: bytes) -> None:
+        n = len(obj)
+        self.write(pickle.SHORT_BINSTRING + bytes([n]) if n < 256
+                   else pickle.BINSTRING + struct.pack("<i", n))
+        self.write(obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_python2_str
+
+
+def dump_cifar(path: Path, entry: Any, python2: bool = False) -> None:
+    with open(path, "wb") as f:
+        (Python2Pickler(f, protocol=2) if python2 else pickle.Pickler(f, protocol=2)).dump(entry)
+
+
+def write_cifar(root: Path, name: str, per_file: int = 4, keys: str = "bytes") -> dict:
+    """Pickle batches like the official ones; returns {file: (data, labels)}. ``keys``: "bytes"
+    (re-saved by Python 3), "str", or "python2" (bytes keys and pixels as Python 2 str)."""
     folder_name, train_files, test_file, meta_file, label_key, names_key, classes = CIFAR[name]
     folder = root / folder_name
     folder.mkdir(parents=True)
     rng = np.random.default_rng(len(name))
-    key = (lambda k: k.encode()) if byte_keys else (lambda k: k)
+    key = (lambda k: k) if keys == "str" else (lambda k: k.encode())
+    text = (lambda s: s.encode()) if keys == "python2" else (lambda s: s)  # Python 2 str
     written = {}
     for file in [*train_files, test_file]:
         images = rng.integers(0, 256, (per_file, 3072), dtype=np.uint8)
         labels = [int(y) for y in rng.integers(0, classes, per_file)]
-        with open(folder / file, "wb") as f:
-            pickle.dump({key("batch_label"): file, key(label_key): labels, key("data"): images},
-                        f, protocol=2)
+        dump_cifar(folder / file, {key("batch_label"): text(file), key(label_key): labels,
+                                   key("data"): images}, python2=keys == "python2")
         written[file] = (images, labels)
-    with open(folder / meta_file, "wb") as f:
-        pickle.dump({key(names_key): [f"class{i}" for i in range(classes)]}, f, protocol=2)
+    dump_cifar(folder / meta_file, {key(names_key): [text(f"class{i}") for i in range(classes)]},
+               python2=keys == "python2")
     return written
 
 
-@pytest.mark.parametrize("name,byte_keys", [("cifar10", True), ("cifar100", False)])
-def test_cifar_reads_official_pickles(tmp_path: Path, name: str, byte_keys: bool) -> None:
-    written = write_cifar(tmp_path, name, byte_keys=byte_keys)
+@pytest.mark.parametrize("name,keys", [("cifar10", "bytes"), ("cifar100", "str"),
+                                       ("cifar10", "python2"), ("cifar100", "python2")])
+def test_cifar_reads_official_pickles(tmp_path: Path, name: str, keys: str) -> None:
+    written = write_cifar(tmp_path, name, keys=keys)
     _, train_files, test_file, _, _, _, classes = CIFAR[name]
     bundle = data.build(config(name, root=str(tmp_path)))
     assert bundle.task == "classification" and bundle.num_classes == classes
@@ -154,6 +178,13 @@ def test_cifar_reads_official_pickles(tmp_path: Path, name: str, byte_keys: bool
     # Training images are augmented (crop, flip, rotation for CIFAR-100) but keep their shape.
     x, _ = bundle.train[0]
     assert tuple(x.shape) == tuple(config(name).input_shape) == (3, 32, 32)
+    # torchvision's attributes, as its own CIFAR classes set them.
+    names = [f"class{i}" for i in range(classes)]
+    for dataset, train in ((bundle.train, True), (bundle.test, False)):
+        assert dataset.train is train and dataset.root == str(tmp_path)  # type: ignore[union-attr]
+        assert dataset.classes == names  # type: ignore[union-attr]
+        assert dataset.class_to_idx == {n: i for i, n in enumerate(names)}  # type: ignore[union-attr]
+    assert "Split: Train" in repr(bundle.train) and "Split: Test" in repr(bundle.test)
 
 
 def test_cifar_subset(tmp_path: Path) -> None:
@@ -165,26 +196,140 @@ def test_cifar_subset(tmp_path: Path) -> None:
     config_error(config("cifar10", root=str(tmp_path), subset=21), "dataset.subset", "20")
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "shape", "labels"])
-def test_cifar_corrupt_batch_names_the_file(tmp_path: Path, damage: str) -> None:
+def exact_config_error(cfg: DictConfig, expected: str, build: bool = True) -> None:
+    assert config_error(cfg, build=build) == expected
+
+
+def test_cifar_config_values(tmp_path: Path) -> None:
+    write_cifar(tmp_path, "cifar100", keys="str")
+    exact_config_error(config("cifar10", num_classes=100), (
+        "dataset.num_classes: cifar10 has 10 classes (this key describes the data and cannot be "
+        "changed), got 100"), build=False)
+    for bad in (-1, 181, 180.5):
+        exact_config_error(config("cifar100", root=str(tmp_path), rotation=bad),
+                           f"dataset.rotation: expected a number in [0, 180], got {bad}")
+    data.check(config("cifar100", root=str(tmp_path), rotation=180))
+    no_rotation = config("cifar100", root=str(tmp_path))
+    no_rotation.pop("rotation")  # absent: no rotation (0)
+    assert len(data.build(no_rotation).train) == 4
+
+
+def test_cifar_missing_file_names_the_first(tmp_path: Path) -> None:
     write_cifar(tmp_path, "cifar10")
-    path = tmp_path / "cifar-10-batches-py" / "data_batch_3"
-    if damage == "truncate":
-        path.write_bytes(path.read_bytes()[:200])
-    elif damage == "garbage":
-        path.write_bytes(b"this is not a pickle at all" * 10)
-    else:
-        entry = pickle.loads(path.read_bytes(), encoding="latin1")
-        if damage == "shape":
-            entry[b"data"] = entry[b"data"][:, :1000]
-        else:
-            entry[b"labels"] = [0, 1, 2, 10]
-        path.write_bytes(pickle.dumps(entry))
-    config_error(config("cifar10", root=str(tmp_path)), str(path))
+    folder = tmp_path / "cifar-10-batches-py"
+    for name in ("data_batch_2", "test_batch"):
+        (folder / name).unlink()
+    exact_config_error(config("cifar10", root=str(tmp_path)), (
+        f"dataset.root: {folder / 'data_batch_2'} not found; expected the extracted python "
+        f"version of cifar10 under {folder}/ (get it from "
+        f"https://www.cs.toronto.edu/~kriz/cifar.html or set dataset.download=true)"),
+        build=False)
+
+
+def fake_download(monkeypatch: pytest.MonkeyPatch, error: Exception | None = None) -> list:
+    """torchvision's archive fetch replaced by one that writes the tiny batches (or raises
+    ``error``); returns the list of its calls, (url, root, filename)."""
+    calls = []
+
+    def fetch(url: str, download_root: str, filename: str, md5: str) -> None:
+        calls.append((url, download_root, filename))
+        if error is not None:
+            raise error
+        if not (Path(download_root) / "cifar-10-batches-py").exists():
+            write_cifar(Path(download_root), "cifar10")
+
+    monkeypatch.setattr("torchvision.datasets.cifar.download_and_extract_archive", fetch)
+    return calls
+
+
+def test_cifar_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchvision.datasets import CIFAR10
+
+    from data import cifar
+
+    calls = fake_download(monkeypatch)
+    cfg = config("cifar10", root=str(tmp_path), download=True)
+    data.check(cfg)  # nothing there yet: download=true skips the file checks
+    bundle = data.build(cfg)
+    # Each split's dataset fetches (torchvision's md5 check fails on the tiny files).
+    assert calls == [(CIFAR10.url, str(tmp_path), CIFAR10.filename)] * 2
+    assert len(bundle.train) == 20 and len(bundle.test) == 4
+    calls.clear()
+    data.build(config("cifar10", root=str(tmp_path)))  # download: false (the yaml's)
+    cifar._Cifar10(str(tmp_path), train=True)  # as torchvision's class: no download by default
+    assert calls == []
+
+
+def test_cifar_download_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from urllib.error import URLError
+
+    fake_download(monkeypatch, URLError("[Errno -3] Temporary failure in name resolution"))
+    exact_config_error(config("cifar10", root=str(tmp_path), download=True), (
+        f"dataset.root: cannot read cifar10 under {tmp_path}: <urlopen error [Errno -3] "
+        f"Temporary failure in name resolution>"))
+
+
+def corrupt_cifar_batch(root: Path) -> Path:
+    """The tiny CIFAR-10 files, returning the third training batch's path (to damage)."""
+    write_cifar(root, "cifar10")
+    return root / "cifar-10-batches-py" / "data_batch_3"
+
+
+def test_cifar_unreadable_batch_names_the_file_and_error(tmp_path: Path) -> None:
+    path = corrupt_cifar_batch(tmp_path)
+    path.write_bytes(b"this is not a pickle at all" * 10)
+    exact_config_error(config("cifar10", root=str(tmp_path)), (
+        f"{path}: corrupt or truncated CIFAR file (UnpicklingError: could not find MARK); "
+        f"re-extract it from the official archive"))
+    path.write_bytes(pickle.dumps({"data": np.zeros((4, 3072), np.uint8)}, protocol=2)[:200])
+    exact_config_error(config("cifar10", root=str(tmp_path)), (
+        f"{path}: corrupt or truncated CIFAR file (EOFError: Ran out of input); "
+        f"re-extract it from the official archive"))
+
+
+GOOD_IMAGES, GOOD_LABELS = np.zeros((4, 3072), np.uint8), [0, 1, 2, 9]
+
+
+@pytest.mark.parametrize("entry,problem", [
+    (42, "expected a dict with 'data' and 'fine_labels'"),
+    ({"labels": GOOD_LABELS}, "expected a dict with 'data' and 'labels'"),
+    ({"data": GOOD_IMAGES}, "expected a dict with 'data' and 'fine_labels'"),
+    ({"data": GOOD_IMAGES.tolist(), "labels": GOOD_LABELS},
+     "expected 'data' of uint8 N x 3072 and N labels, got data None and labels (4,)"),
+    ({"data": GOOD_IMAGES.astype(np.int64), "labels": GOOD_LABELS},
+     "expected 'data' of uint8 N x 3072 and N labels, got data (4, 3072) and labels (4,)"),
+    ({"data": GOOD_IMAGES[:, :, None], "labels": GOOD_LABELS},
+     "expected 'data' of uint8 N x 3072 and N labels, got data (4, 3072, 1) and labels (4,)"),
+    ({"data": GOOD_IMAGES[:, :1000], "labels": GOOD_LABELS},
+     "expected 'data' of uint8 N x 3072 and N labels, got data (4, 1000) and labels (4,)"),
+    ({"data": GOOD_IMAGES, "labels": GOOD_LABELS[:3]},
+     "expected 'data' of uint8 N x 3072 and N labels, got data (4, 3072) and labels (3,)"),
+    ({"data": GOOD_IMAGES, "labels": [0, 1, 2, 10]}, "labels outside 0..9"),
+    ({"data": GOOD_IMAGES, "labels": [-1, 0, 1, 2]}, "labels outside 0..9"),
+    ({"data": GOOD_IMAGES, "labels": [0.0, 1.0, 2.0, 3.0]}, "labels outside 0..9"),
+])
+def test_cifar_corrupt_batch_says_what_is_wrong(tmp_path: Path, entry: Any, problem: str) -> None:
+    path = corrupt_cifar_batch(tmp_path)
+    dump_cifar(path, entry)
+    end = "corrupt file" if problem.startswith("labels") else "the file is corrupt"
+    exact_config_error(config("cifar10", root=str(tmp_path)), f"{path}: {problem}; {end}")
+
+
+@pytest.mark.parametrize("meta", [
+    {"fine_label_names": [f"c{i}" for i in range(99)]},  # one class short
+    {"label_names": [f"c{i}" for i in range(100)]},  # CIFAR-10's key
+    [f"c{i}" for i in range(100)],  # not a dict
+])
+def test_cifar_wrong_meta_names_the_file(tmp_path: Path, meta: Any) -> None:
+    write_cifar(tmp_path, "cifar100", keys="str")
+    path = tmp_path / "cifar-100-python" / "meta"
+    dump_cifar(path, meta)
+    exact_config_error(config("cifar100", root=str(tmp_path)),
+                       f"{path}: expected a dict with 100 'fine_label_names'; the file is corrupt")
 
 
 def test_cifar_corrupt_meta_names_the_file(tmp_path: Path) -> None:
-    write_cifar(tmp_path, "cifar100", byte_keys=False)
+    write_cifar(tmp_path, "cifar100", keys="str")
     path = tmp_path / "cifar-100-python" / "meta"
     path.write_bytes(path.read_bytes()[:-30])
     config_error(config("cifar100", root=str(tmp_path)), str(path))
@@ -285,6 +430,7 @@ def test_imagenet_image_folder(tmp_path: Path) -> None:
     write_image_tree(tmp_path, classes)
     cfg = config("imagenet", root=str(tmp_path), num_classes=3)
     bundle = data.build(cfg)
+    assert bundle.task == "classification"
     assert bundle.num_classes == 3 and len(bundle.train) == 6 and len(bundle.test) == 6
     assert bundle.train.classes == sorted(classes)  # type: ignore[union-attr]
     assert [y for _, y in bundle.test.samples] == [0, 0, 1, 1, 2, 2]  # type: ignore[union-attr]
@@ -298,6 +444,7 @@ def test_imagenet_image_folder(tmp_path: Path) -> None:
     assert tuple(c.shape) == (3, 224, 224) and torch.equal(c, d)  # deterministic evaluation
     subset = data.build(config("imagenet", root=str(tmp_path), num_classes=3, subset=4))
     assert len(subset.train) == 4
+    assert data.build(config("imagenet", root=str(tmp_path), num_classes=None)).num_classes == 3
 
 
 def test_imagenet_class_count_and_layout_errors(tmp_path: Path) -> None:
@@ -307,7 +454,26 @@ def test_imagenet_class_count_and_layout_errors(tmp_path: Path) -> None:
     config_error(config("imagenet", root=str(tmp_path), num_classes=2), str(tmp_path / "val"),
                  "'c'")
     (tmp_path / "train" / "c").mkdir()  # a class folder without images
-    config_error(config("imagenet", root=str(tmp_path), num_classes=3), str(tmp_path / "train"))
+    config_error(config("imagenet", root=str(tmp_path), num_classes=3),
+                 f"dataset.root: cannot read {tmp_path / 'train'}: Found no valid file for the "
+                 f"classes c. Supported extensions are: .jpg")
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, "2", True])
+def test_imagenet_num_classes_is_a_positive_integer(tmp_path: Path, bad: Any) -> None:
+    write_image_tree(tmp_path, ["a", "b"], per_class=1)
+    assert config_error(config("imagenet", root=str(tmp_path), num_classes=bad)) == (
+        f"dataset.num_classes: expected an integer >= 1, got {bad!r}")
+
+
+def test_imagenet_folder_without_class_folders(tmp_path: Path) -> None:
+    write_image_tree(tmp_path, ["a"], per_class=1)
+    (tmp_path / "train" / "a" / "img0.png").unlink()
+    (tmp_path / "train" / "a").rmdir()
+    (tmp_path / "train" / "stray.JPEG").write_bytes(b"")  # a file is not a class folder
+    message = config_error(config("imagenet", root=str(tmp_path), num_classes=1))
+    assert message.startswith(f"dataset.root: {tmp_path / 'train'} has no class sub-folders; "
+                              f"expected ImageNet as class folders <root>/train/<class>/*.JPEG")
 
 
 def test_imagenet_missing_val_folder(tmp_path: Path) -> None:
@@ -331,8 +497,35 @@ def test_imagenet_corrupt_image_names_the_file(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
     garbage = Path(bundle.test.samples[2][0])  # type: ignore[union-attr]
     garbage.write_bytes(b"not an image")
-    with pytest.raises(ConfigError, match="cannot decode"):
+    with pytest.raises(ConfigError) as info:
         bundle.test[2]
+    assert str(info.value).startswith(f"{garbage}: cannot decode image (cannot identify image "
+                                      f"file <_io.BufferedReader name=")
+    assert str(info.value).endswith("); the file is corrupt")
+
+
+def test_imagenet_images_of_any_mode_load_as_rgb(tmp_path: Path) -> None:
+    from data import imagenet
+
+    rng = np.random.default_rng(3)
+    gray = rng.integers(0, 256, (30, 40), dtype=np.uint8)
+    rgba = rng.integers(0, 256, (30, 40, 4), dtype=np.uint8)
+    for split in ("train", "val"):
+        folder = tmp_path / split / "a"
+        folder.mkdir(parents=True)
+        Image.fromarray(gray).save(folder / "gray.png")  # mode L
+        Image.fromarray(rgba).save(folder / "rgba.png")  # mode RGBA
+        # ILSVRC 2012's training set has a few CMYK JPEGs (and many grayscale ones)
+        Image.fromarray(rgba[..., :3]).convert("CMYK").save(folder / "cmyk.JPEG")
+    bundle = data.build(config("imagenet", root=str(tmp_path), num_classes=1))
+    paths = {Path(p).name: p for p, _ in bundle.test.samples}  # type: ignore[union-attr]
+    for name, expected in (("gray.png", np.repeat(gray[..., None], 3, 2)),
+                           ("rgba.png", rgba[..., :3])):
+        image = imagenet.load_image(paths[name])
+        assert image.mode == "RGB" and np.array_equal(np.asarray(image), expected), name
+    assert imagenet.load_image(paths["cmyk.JPEG"]).mode == "RGB"
+    for dataset in (bundle.train, bundle.test):
+        assert all(tuple(dataset[i][0].shape) == (3, 224, 224) for i in range(3))
 
 
 # ---------------------------------------------------------------------------------------------
