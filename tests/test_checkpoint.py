@@ -130,3 +130,34 @@ def test_nested_tensors_are_mapped_in_dicts_lists_and_tuples():
     grad = torch.ones(2, requires_grad=True) * 2
     (cpu,) = checkpoint._to_cpu([grad])
     assert not cpu.requires_grad and cpu.device.type == "cpu"
+
+
+# ---- seeding -------------------------------------------------------------------------------------
+@pytest.fixture
+def determinism() -> Iterator[None]:
+    """Leave torch's global determinism flags as they were."""
+    flags = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    yield
+    torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2:]
+
+
+def test_rank_seed_is_the_seed_times_1000_plus_the_rank():
+    assert [checkpoint.rank_seed(s, r) for s, r in [(0, 0), (0, 3), (2, 1), ("5", 0)]] == \
+        [0, 3, 2001, 5000]
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_seed_everything_seeds_each_stream_with_the_ranks_seed(determinism, deterministic):
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
+    checkpoint.seed_everything(2, rank=1, deterministic=deterministic)
+    assert random.random() == random.Random(2001).random()
+    assert np.random.rand() == np.random.RandomState(2001).rand()
+    assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(2001)))
+    assert torch.are_deterministic_algorithms_enabled() is deterministic
+    assert torch.is_deterministic_algorithms_warn_only_enabled() is deterministic
+    assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == \
+        (deterministic, not deterministic)
