@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ import compression
 import schedulers
 from core.errors import ConfigError
 from training import checkpoint
+from training.simulated import AllWorkers, WorkerRNG
 
 
 @pytest.fixture
@@ -96,6 +98,50 @@ def test_load_restores_everything_and_the_rng_streams(group, tmp_path):
     assert torch.equal(f_hook.layers["2.weight"].memory["error"], torch.arange(18.0).view(3, 6))
     assert f_scheduler.state_dict() == scheduler.state_dict()
     assert f_scheduler.history.norms == [{"0.weight": 3.0, "2.weight": 4.0}]
+
+
+def test_a_mid_epoch_checkpoint_holds_its_step_and_this_ranks_progress(group, tmp_path):
+    model, optimizer, hook_state, scheduler = trained_parts()
+    progress = {"step": 5, "loss_sum": torch.tensor(2.5)}
+    checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 4}), 2, 3.0, model, optimizer,
+                    hook_state, scheduler, progress)
+    ckpt = torch.load(tmp_path / "c.pt", weights_only=False)
+    assert (ckpt["format"], ckpt["epoch"], ckpt["step"]) == (checkpoint.FORMAT, 2, 5) == (2, 2, 5)
+    assert ckpt["sampler"] == {"epoch": 2, "seed": 4, "step": 5}
+    assert ckpt["per_rank"][0]["progress"]["step"] == 5
+    epoch, elapsed, restored = checkpoint.load(tmp_path / "c.pt", *parts(seed=5))
+    assert (epoch, elapsed, restored["step"]) == (2, 3.0, 5)
+    assert torch.equal(restored["loss_sum"], torch.tensor(2.5))
+    checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 4}), 3, 3.0, model, optimizer,
+                    hook_state, scheduler)  # at the epoch's end: step 0, no progress
+    assert torch.load(tmp_path / "c.pt", weights_only=False)["step"] == 0
+
+
+def simulated(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, AllWorkers, Any]:
+    """Two simulated workers' hook states (Top-K: error memories) behind one model."""
+    model, optimizer, _, scheduler = parts(seed)
+    states = [compression.HookState(compression.create("topk", ratio=0.5),
+                                    model.named_parameters()) for _ in range(2)]
+    return model, optimizer, AllWorkers(states, WorkerRNG([seed, seed + 1])), scheduler
+
+
+def test_simulated_learners_checkpoint_every_workers_state(group, tmp_path):
+    model, optimizer, workers, scheduler = simulated(0)
+    for w, state in enumerate(workers.states):
+        state.layers["2.weight"].memory["error"] = torch.full((3, 6), float(w + 1))
+    checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 3, 6.0, model, optimizer,
+                    workers, scheduler)
+    assert torch.load(tmp_path / "c.pt", weights_only=False)["world_size"] == 2
+    *_, fresh, _ = restored = simulated(9)
+    assert checkpoint.load(tmp_path / "c.pt", *restored) == (3, 6.0, None)
+    for w, state in enumerate(fresh.states):
+        assert torch.equal(state.layers["2.weight"].memory["error"],
+                           torch.full((3, 6), float(w + 1)))
+        assert torch.equal(fresh.rng.states[w]["torch"], workers.rng.states[w]["torch"])
+        assert fresh.rng.states[w]["python"] == workers.rng.states[w]["python"]
+    with pytest.raises(ValueError, match="^simulated learners checkpoint at epoch ends only$"):
+        checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 3, 6.0, model,
+                        optimizer, workers, scheduler, {"step": 1})
 
 
 def test_the_checkpoint_does_not_change_with_later_training(group, tmp_path):
