@@ -22,7 +22,14 @@ from torch.utils.data import TensorDataset
 from core.distributed import DistEnv
 from core.errors import ConfigError
 from data import DataBundle
-from training.tasks import Classification, LanguageModel, _shard, _windows, make_task
+from training.tasks import (
+    Classification,
+    LanguageModel,
+    _shard,
+    _windows,
+    check_batches,
+    make_task,
+)
 
 CPU = torch.device("cpu")
 
@@ -387,3 +394,38 @@ def test_make_task_by_dataset_kind(compose_cfg):
     assert isinstance(task, Classification) and task.batch_size == 5
     assert task.test_loader.batch_size == 3
     assert ids(task.batches(0)) == ids(classification(batch_size=5, seed=4).batches(0))
+
+
+# ---- the batches a run may use, checked before it starts (check_batches) ----------------------
+def test_every_classification_batch_is_checked_against_the_training_set():
+    bundle = DataBundle("classification", 4, images(20), images(7))
+    check_batches(bundle, {"trainer.batch_size": 20, "scheduler.batch_low": 8}, 50, 4)
+    with pytest.raises(ConfigError) as info:
+        check_batches(bundle, {"trainer.batch_size": 8, "scheduler.batch_high": 21}, 50, 4)
+    assert str(info.value) == "scheduler.batch_high: 21 is larger than the training set (20 " \
+                              "examples)"
+
+
+@pytest.mark.parametrize(("batches", "eval_batch_size", "message"), [
+    ({"scheduler.batch_high": 19}, 4, "scheduler.batch_high: 9 sequences per rank leave fewer "
+     "than 2 tokens per sequence of a 10-token shard"),  # 21 tokens, 2 ranks: 10 each
+    ({"trainer.batch_size": 4}, 6, "trainer.eval_batch_size: 6 sequences per rank leave fewer "
+     "than 2 tokens per sequence of a 11-token shard"),  # 23 test tokens: 11 each
+])
+def test_every_language_model_batch_is_checked_per_rank(batches, eval_batch_size, message):
+    bundle = DataBundle("language_model", 10, torch.arange(21) % 10, torch.arange(23) % 10)
+    check_batches(bundle, {"trainer.batch_size": 10, "scheduler.batch_low": 4}, 5, 2)  # fits
+    with pytest.raises(ConfigError) as info:
+        check_batches(bundle, batches, eval_batch_size, 2)
+    assert str(info.value) == message
+
+
+def test_the_loader_draws_from_the_ranks_own_generator():
+    assert classification(seed=5, rank=1, world=2).loader_rng.initial_seed() == 5001
+
+
+def test_a_language_model_without_a_carry_keeps_none():
+    task = lm()
+    assert task.carry() is None
+    task.set_carry(None)
+    assert task.hidden is None and task.carry() is None
