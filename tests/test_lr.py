@@ -15,10 +15,20 @@ from core.lr import check, lr_at
 
 def optimizer(lr: float = 0.4, warmup_epochs: int = 0, warmup_start_lr: float = 0.1,
               milestones: list[int] | None = None, decay_factors: list[float] | None = None,
-              weight_decay: float = 0.0):
-    return OmegaConf.create({"lr": lr, "weight_decay": weight_decay, "schedule": {
-        "warmup_epochs": warmup_epochs, "warmup_start_lr": warmup_start_lr,
-        "milestones": milestones or [], "decay_factors": decay_factors or []}})
+              weight_decay: float = 0.0, lag: object = None):
+    schedule = {"warmup_epochs": warmup_epochs, "warmup_start_lr": warmup_start_lr,
+                "milestones": milestones or [],
+                "decay_factors": [] if decay_factors is None else decay_factors}
+    if lag is not None:  # without the key: the schedule as written (lag 0)
+        schedule["lag"] = lag
+    return OmegaConf.create({"lr": lr, "weight_decay": weight_decay, "schedule": schedule})
+
+
+class Plain(dict):
+    """A config of plain Python containers (attribute access and ``get``), as a script builds
+    it: its lists stay lists or tuples, not OmegaConf's ListConfig."""
+
+    __getattr__ = dict.__getitem__
 
 
 def test_constant_without_warmup_or_milestones():
@@ -66,10 +76,50 @@ def test_milestone_inside_the_warmup_waits_for_its_end():
     assert [lr_at(cfg, e) for e in range(6)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.5, 0.5])
 
 
+# ---- lag: epoch e trains with s(max(e - lag, 0)) -------------------------------------------------
+def test_lag_one_runs_each_epoch_with_the_previous_epochs_lr():
+    # the Accordion authors' code: the warm-up peaks at epoch 6, milestones 151/251 act at 152/252
+    cfg = optimizer(lr=0.4, warmup_epochs=5, warmup_start_lr=0.1, milestones=[151, 251],
+                    decay_factors=[0.1, 0.01], lag=1)
+    assert [lr_at(cfg, e) for e in range(8)] == pytest.approx(
+        [0.1, 0.1, 0.16, 0.22, 0.28, 0.34, 0.4, 0.4], abs=1e-12)
+    assert lr_at(cfg, 151) == 0.4
+    assert lr_at(cfg, 152) == pytest.approx(0.04, abs=1e-15)
+    assert lr_at(cfg, 251) == pytest.approx(0.04, abs=1e-15)
+    assert lr_at(cfg, 252) == pytest.approx(0.004, abs=1e-15)
+
+
+def test_a_lag_longer_than_the_epoch_holds_the_first_lr():
+    # max(e - lag, 0): the first `lag` epochs all run at s(0), never at a negative epoch's
+    cfg = optimizer(lr=1.0, warmup_epochs=2, warmup_start_lr=0.5, milestones=[3],
+                    decay_factors=[0.1], lag=2)
+    assert [lr_at(cfg, e) for e in range(7)] == pytest.approx(
+        [0.5, 0.5, 0.5, 0.75, 1.0, 0.1, 0.1])
+
+
+def test_lag_zero_is_the_schedule_as_written():
+    kwargs = {"lr": 1.0, "warmup_epochs": 2, "warmup_start_lr": 0.5, "milestones": [3],
+              "decay_factors": [0.1]}
+    expected = pytest.approx([0.5, 0.75, 1.0, 0.1, 0.1])
+    assert [lr_at(optimizer(**kwargs, lag=0), e) for e in range(5)] == expected
+    assert [lr_at(optimizer(**kwargs), e) for e in range(5)] == expected  # no lag key
+
+
 def test_valid_schedules_pass():
     check(optimizer())
     check(optimizer(warmup_epochs=3, warmup_start_lr=0.01, milestones=[1, 2, 5],
                     decay_factors=[0.5, 0.25, 0.1], weight_decay=0.0))
+    check(optimizer(milestones=[151], decay_factors=[0.1], lag=1))
+
+
+@pytest.mark.parametrize("factors", [[0.1, 0.01], (0.1, 0.01)])
+def test_a_plain_python_config_passes(factors):
+    # decay_factors may be a list or a tuple as well as OmegaConf's ListConfig
+    cfg = Plain(lr=0.4, weight_decay=0.0, schedule=Plain(
+        warmup_epochs=0, warmup_start_lr=0.1, milestones=[2, 4], decay_factors=factors, lag=1))
+    check(cfg)
+    assert [lr_at(cfg, e) for e in range(6)] == pytest.approx(
+        [0.4, 0.4, 0.4, 0.04, 0.04, 0.004])
 
 
 def test_lr_at_never_drops_a_milestone_without_a_factor():
@@ -100,6 +150,13 @@ def test_lr_at_never_drops_a_milestone_without_a_factor():
      "optimizer.schedule.decay_factors: expected a number in (0, inf), got 0"),
     (optimizer(milestones=[3, 4], decay_factors=[0.1, -0.1]),
      "optimizer.schedule.decay_factors: expected a number in (0, inf), got -0.1"),
+    (optimizer(decay_factors=0.1),
+     "optimizer.schedule.decay_factors: expected a list of numbers > 0, got 0.1"),
+    (optimizer(milestones=[3], decay_factors="0.1"),
+     "optimizer.schedule.decay_factors: expected a list of numbers > 0, got '0.1'"),
+    (optimizer(lag=-1), "optimizer.schedule.lag: expected an integer >= 0, got -1"),
+    (optimizer(lag=0.5), "optimizer.schedule.lag: expected an integer >= 0, got 0.5"),
+    (optimizer(lag=True), "optimizer.schedule.lag: expected an integer >= 0, got True"),
 ])
 def test_bad_values_give_the_whole_message(cfg, message):
     with pytest.raises(ConfigError) as info:

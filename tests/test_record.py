@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from core import record
+from core.errors import ConfigError
 
 
 def rows(n: int, metric: str = "test/accuracy") -> list[dict]:
@@ -59,6 +62,71 @@ def test_read_metrics_skips_blank_lines_and_a_missing_file(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"epoch": 0}\n\n  \n{"epoch": 1}\n')
     assert record.read_metrics(path) == [{"epoch": 0}, {"epoch": 1}]
+
+
+def test_read_metrics_keeps_a_torn_last_line_that_parses(tmp_path):
+    # a crash between the row and its newline: the row itself is whole
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"epoch": 0}\n{"epoch": 1}')
+    assert record.read_metrics(path) == [{"epoch": 0}, {"epoch": 1}]
+
+
+@pytest.mark.parametrize("last", ['{"epoch": 1, "test/acc', "[1, 2]", "7", "  "])
+def test_read_metrics_drops_a_torn_last_line_that_is_not_a_row(tmp_path, last):
+    # cut short (not JSON), or JSON but not an object, or only blanks after the last newline
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"epoch": 0}\n' + last)
+    assert record.read_metrics(path) == [{"epoch": 0}]
+
+
+def test_read_metrics_reads_utf8(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes('{"epoch": 0, "note": "\u00e9t\u00e9"}\n'.encode())
+    assert record.read_metrics(path) == [{"epoch": 0, "note": "\u00e9t\u00e9"}]
+
+
+@pytest.mark.parametrize(("text", "number"), [
+    ('{"epoch": 0\n{"epoch": 1}\n', 1),
+    ('{"epoch": 0}\n[1, 2]\n{"epoch": 2}\n', 2),
+    ('{"epoch": 0}\n\n"epoch"\n', 3),  # a blank line still counts
+    ('{"epoch": 0}\n7\n{"epoch": 2}', 2),
+])
+def test_an_unreadable_line_before_the_last_names_the_file_and_the_line(tmp_path, text, number):
+    path = tmp_path / "m.jsonl"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        record.read_metrics(path)
+    assert str(info.value) == (f"{path}:{number}: not a JSON object of one epoch; the file is "
+                               f"corrupt")
+
+
+def test_a_file_that_is_not_utf8_is_corrupt(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"epoch": 0}\n\xff\n')
+    with pytest.raises(ConfigError) as info:
+        record.read_metrics(path)
+    assert str(info.value) == (f"{path}: cannot read ('utf-8' codec can't decode byte 0xff in "
+                               f"position 13: invalid start byte); the file is corrupt")
+
+
+def test_a_metrics_row_that_cannot_be_written_names_the_file(tmp_path):
+    # a full disk, for real: /dev/full answers every write with ENOSPC. The log's open file is
+    # swapped for it (a run directory on a tiny full tmpfs would need root to mount)
+    log = record.MetricsLog(tmp_path)
+    log.write({"epoch": 0})
+    log._file.close()
+    log._file = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115 (closed below)
+    with pytest.raises(record.RecordError) as info:
+        log.write({"epoch": 1})
+    err = info.value
+    assert err.errno == errno.ENOSPC
+    path = tmp_path / record.METRICS
+    assert str(err) == f"[Errno 28] cannot write {path}: No space left on device"
+    assert isinstance(err.__cause__, OSError) and err.__cause__.errno == errno.ENOSPC
+    assert log.rows == [{"epoch": 0}]  # the row that failed is not counted
+    with contextlib.suppress(OSError):  # the unwritten row is still buffered
+        log.close()
+    assert record.read_metrics(path) == [{"epoch": 0}]
 
 
 # ---- summary.json --------------------------------------------------------------------------------
@@ -144,6 +212,44 @@ def test_a_failed_write_leaves_the_old_checkpoint(tmp_path):
     assert record.load_checkpoint(path) == {"epoch": 1}
 
 
+def test_a_write_under_a_regular_file_names_the_path_and_the_errno(tmp_path):
+    # the run directory is a file: the temp file cannot be opened (nor removed afterwards)
+    (tmp_path / "run").write_text("not a directory")
+    path = tmp_path / "run" / record.SUMMARY
+    with pytest.raises(record.RecordError) as info:
+        record.atomic_write_bytes(path, lambda f: f.write(b"{}"))
+    err = info.value
+    assert err.errno == errno.ENOTDIR and err.strerror == f"cannot write {path}: Not a directory"
+    assert str(err) == f"[Errno 20] cannot write {path}: Not a directory"
+    assert isinstance(err.__cause__, NotADirectoryError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_failed_rename_removes_the_temp_file(tmp_path):
+    # the target is a directory: the temp file is written whole, then os.replace fails (EISDIR)
+    path = tmp_path / record.CHECKPOINT
+    path.mkdir()
+    with pytest.raises(record.RecordError) as info:
+        record.save_checkpoint(path, {"epoch": 1})
+    assert info.value.errno == errno.EISDIR
+    assert str(info.value) == f"[Errno 21] cannot write {path}: Is a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [record.CHECKPOINT]  # no .tmp left
+    assert path.is_dir() and not list(path.iterdir())
+
+
+def test_an_oserror_of_the_writer_removes_the_temp_file(tmp_path):
+    def fail(f):
+        f.write(b"half")
+        raise OSError("disk full")
+
+    path = tmp_path / "x.bin"
+    with pytest.raises(record.RecordError) as info:
+        record.atomic_write_bytes(path, fail)
+    # no errno to carry: the message is the exception's text
+    assert info.value.errno is None and info.value.strerror == f"cannot write {path}: disk full"
+    assert not list(tmp_path.iterdir())
+
+
 class SyncSpy:
     """Records, in order, every os.fsync (the file's name and its size on disk at that moment)
     and os.replace, then calls the real functions."""
@@ -180,3 +286,12 @@ def test_every_metrics_row_is_synced_when_written(tmp_path, monkeypatch):
     size = len('{"epoch": 0}\n')
     assert spy.calls == [("fsync", record.METRICS, size), ("fsync", record.METRICS, 2 * size)]
     log.close()
+
+
+# ---- flatten (a run's identity) ------------------------------------------------------------------
+def test_flatten_gives_dotted_keys():
+    config = {"model": {"name": "resnet18", "norm": {"kind": "batch"}}, "seed": 0,
+              "milestones": [150, 250], "empty": {}}
+    assert record.flatten(config) == {"model.name": "resnet18", "model.norm.kind": "batch",
+                                      "seed": 0, "milestones": [150, 250]}
+    assert record.flatten({"lr": 0.1}, "optimizer.") == {"optimizer.lr": 0.1}
