@@ -46,6 +46,9 @@ class Comm(Protocol):
     """The two collectives compressors use. Every worker must call them in the same order."""
 
     world_size: int
+    # True where every worker's all-gather result is one tensor (simulated workers in one
+    # process): a caller then passes no output buffer of its own and only reads the result.
+    shares_gather: bool
 
     def all_reduce(self, tensor: torch.Tensor) -> Pending:
         """Sum ``tensor`` over the workers, in place; the result is ``tensor``."""
@@ -59,6 +62,8 @@ class Comm(Protocol):
 
 class GroupComm:
     """Collectives over a real ``torch.distributed`` process group (asynchronous)."""
+
+    shares_gather = False
 
     def __init__(self, group: ProcessGroup | None = None) -> None:
         self.group = group
@@ -81,34 +86,48 @@ class _Exchange:
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
         self.calls = [0] * world_size
+        # collective number -> (op, inputs, futures, outputs by rank, shared all-gather result)
         self.open: dict[int, tuple[str, dict[int, torch.Tensor], dict[int, Future],
-                                   dict[int, torch.Tensor]]] = {}
+                                   dict[int, torch.Tensor], torch.Tensor | None]] = {}
 
-    def post(self, rank: int, op: str, tensor: torch.Tensor, out: torch.Tensor) -> Future[None]:
-        """Worker ``rank``'s next collective (its result goes to ``out``); the future completes
-        when every worker has posted it."""
+    def post(self, rank: int, op: str, tensor: torch.Tensor, out: torch.Tensor | None
+             ) -> Pending:
+        """Worker ``rank``'s next collective; its result goes to ``out``, or (an all-gather
+        without ``out``) to one tensor that every worker gets, so that W workers hold W
+        messages, not W^2. The future completes when every worker has posted it."""
         seq = self.calls[rank]
         self.calls[rank] += 1
-        kind, inputs, futures, outs = self.open.setdefault(seq, (op, {}, {}, {}))
+        if seq not in self.open:
+            shared = (tensor.new_empty(self.world_size * tensor.numel())
+                      if op == "all_gather" else None)
+            self.open[seq] = (op, {}, {}, {}, shared)
+        kind, inputs, futures, outs, shared = self.open[seq]
         if kind != op or any(t.shape != tensor.shape for t in inputs.values()):
             raise RuntimeError(f"simulated workers disagree on collective #{seq}: {kind} of "
                                f"{[tuple(t.shape) for t in inputs.values()]} vs {op} of "
                                f"{tuple(tensor.shape)}")
-        inputs[rank], futures[rank], outs[rank] = tensor, Future(), out
-        fut = futures[rank]
+        inputs[rank], futures[rank] = tensor, Future()
+        outs[rank] = shared if out is None else out
+        pending = Pending(futures[rank], outs[rank])
         if len(inputs) == self.world_size:
             del self.open[seq]  # completing may post the next collectives (callbacks run inline)
             ordered = [inputs[r] for r in range(self.world_size)]
-            result = torch.stack(ordered).sum(0) if op == "all_reduce" else torch.cat(ordered)
+            if op == "all_reduce":
+                result = torch.stack(ordered).sum(0)
+            else:
+                result = torch.cat(ordered, out=shared)
             for r in range(self.world_size):
-                outs[r].copy_(result)
+                if outs[r] is not result:
+                    outs[r].copy_(result)
             for r in range(self.world_size):
                 futures[r].set_result(None)
-        return fut
+        return pending
 
 
 class SimComm:
     """One simulated worker's collectives, matched in memory with its peers' (no process group)."""
+
+    shares_gather = True
 
     def __init__(self, exchange: _Exchange, rank: int) -> None:
         self.exchange = exchange
@@ -124,13 +143,12 @@ class SimComm:
 
     def all_reduce(self, tensor: torch.Tensor) -> Pending:
         self.bytes_sent += tensor.numel() * tensor.element_size()
-        return Pending(self.exchange.post(self.rank, "all_reduce", tensor, tensor), tensor)
+        return self.exchange.post(self.rank, "all_reduce", tensor, tensor)
 
     def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> Pending:
-        if out is None:
-            out = tensor.new_empty(self.world_size * tensor.numel())
+        """Without ``out``, the result is the one tensor all workers share (read it only)."""
         self.bytes_sent += tensor.numel() * tensor.element_size()
-        return Pending(self.exchange.post(self.rank, "all_gather", tensor, out), out)
+        return self.exchange.post(self.rank, "all_gather", tensor, out)
 
 
 def all_gather_varlen(comm: Comm, message: torch.Tensor) -> Steps[list[torch.Tensor]]:

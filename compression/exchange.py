@@ -60,9 +60,11 @@ def outbox(scratch: Scratch, owner: object, length: int, dtype: torch.dtype,
 def gather(comm: Comm, scratch: Scratch, owner: object, message: torch.Tensor
            ) -> Steps[torch.Tensor]:
     """Steps that all-gather every worker's ``message`` (the same length on every worker);
-    returns them as the rows of a (world, length) tensor, in rank order."""
+    returns them as the rows of a (world, length) tensor, in rank order (read-only: simulated
+    workers share it)."""
     world = comm.world_size
-    gathered = scratch.take("gathered", world * message.numel(), message, owner=owner)
+    gathered = (None if comm.shares_gather
+                else scratch.take("gathered", world * message.numel(), message, owner=owner))
     parts = yield comm.all_gather(message, gathered)
     return parts.view(world, message.numel())
 

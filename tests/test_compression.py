@@ -174,6 +174,29 @@ def test_all_gather_varlen_returns_every_message() -> None:
         assert [p.tolist() for p in fut.value()] == [m.tolist() for m in messages]
 
 
+def test_simulated_all_gather_shares_one_result_unless_given_a_buffer() -> None:
+    # W simulated workers must hold W messages, not W^2: without an output buffer every worker
+    # gets the one gathered tensor; a buffer of a worker's own still receives its copy.
+    comms = SimComm.group(3)
+    messages = [torch.full((2,), float(w)) for w in range(3)]
+    shared = [comms[w].all_gather(messages[w]) for w in range(3)]
+    assert all(p.future.done() for p in shared)
+    assert len({p.result.data_ptr() for p in shared}) == 1
+    assert shared[0].result.tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+    own = torch.zeros(6)
+    given = [comms[w].all_gather(messages[w], own if w == 1 else None) for w in range(3)]
+    assert given[1].result is own and own.tolist() == shared[0].result.tolist()
+    assert given[0].result is given[2].result and given[0].result.data_ptr() != own.data_ptr()
+
+
+@pytest.mark.parametrize("name", ["topk", "adacomp", "ef_signsgd"])
+def test_simulated_gather_compressors_keep_no_gather_buffer_per_worker(name: str) -> None:
+    sim = compression.Simulation(name, 4, (8, 6))
+    sim.step([torch.randn(8, 6) for _ in range(4)])
+    slots = {key[0] for key in sim.compressor._scratch._buffers}
+    assert "message" in slots and "gathered" not in slots
+
+
 # ---- limits: no compression at the top level ------------------------------------------------
 @pytest.mark.parametrize("shape", [(6, 40), (40, 6), (5, 2, 2, 2)])
 def test_powersgd_full_rank_is_dense_mean(shape: tuple[int, ...]) -> None:

@@ -23,7 +23,8 @@ equal those of a real 2-rank gloo job bit for bit on CPU (tested).
 Memory: one model and one optimizer; per worker a copy of its gradient (the buckets, held until
 the exchange completes) and its compressor memory (error feedback: one gradient-sized tensor;
 PowerSGD: that plus Q; AdaComp: its residue; ``none``: nothing); the all-gather compressors keep
-one message buffer per worker and bucket and a gather buffer of W messages per worker.
+one message buffer per worker and bucket, and each all-gather's W messages are one tensor that
+every worker reads (:class:`~compression.comm.SimComm`), not a copy per worker.
 """
 
 # No `from __future__ import annotations`: DDP checks the recording hook's annotations at runtime.
