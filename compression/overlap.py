@@ -75,13 +75,20 @@ class OverlapProbe:
     all of them).
     """
 
-    def __init__(self, epochs: Sequence[int] = (), top: float = 0.1, steps: int | None = 8
-                 ) -> None:
+    def __init__(self, epochs: Sequence[int] = (), top: float = 0.1, steps: int | None = 8,
+                 *, record: bool = True) -> None:
         self.epochs = frozenset(epochs)
         self.top = top
         self.steps = steps
+        self.record = record  # False: take part in the gathers only (see gather_only)
         self.layers: list[str] = []  # the model's matrix-shaped layers, in order (see expect)
         self.reset()
+
+    def gather_only(self) -> OverlapProbe:
+        """A probe on the same steps that joins the gathers and measures nothing: simulated
+        learners other than learner 0, whose gathered gradients learner 0 already measures
+        (W-fold the same work otherwise; only rank 0's metrics are recorded)."""
+        return OverlapProbe(self.epochs, self.top, self.steps, record=False)
 
     def expect(self, layers: list[str]) -> None:
         """The model's matrix-shaped layers: once a step has gathered them all (over its
@@ -106,6 +113,8 @@ class OverlapProbe:
             return
         flat = torch.cat([g.detach().reshape(-1).float() for _, g in chosen])
         parts = (yield comm.all_gather(flat)).view(comm.world_size, -1)
+        if not self.record:
+            return
         start = 0
         for name, g in chosen:
             self._step[name] = parts[:, start:start + g.numel()]

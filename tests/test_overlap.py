@@ -54,15 +54,21 @@ def test_overlap_extremes() -> None:
     assert overlap.support_overlap(x, x, 1.0) == 1.0
 
 
-def test_hook_measures_only_chosen_epochs_and_steps() -> None:
+@pytest.mark.parametrize("follower", [False, True])
+def test_hook_measures_only_chosen_epochs_and_steps(follower: bool) -> None:
     # Two simulated workers through the hook's own path: the overlap is taken from the local
     # gradients before aggregation, on the first `steps` steps of the chosen epochs only.
+    # follower: worker 1 only joins the gathers (gather_only, as simulated learners > 0 do);
+    # worker 0 measures the same.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.Linear(20, 5))
     comms = SimComm.group(2)
     params = list(model.named_parameters())
-    states = [HookState(NoCompression(), params, comm=comms[w],
-                        overlap=overlap.OverlapProbe([1], top=0.1, steps=2)) for w in range(2)]
+    probes = [overlap.OverlapProbe([1], top=0.1, steps=2) for _ in range(2)]
+    if follower:
+        probes[1] = probes[0].gather_only()
+    states = [HookState(NoCompression(), params, comm=comms[w], overlap=probes[w])
+              for w in range(2)]
     gen = torch.Generator().manual_seed(1)
     seen: list[list[torch.Tensor]] = []
     for epoch in range(3):
@@ -85,9 +91,9 @@ def test_hook_measures_only_chosen_epochs_and_steps() -> None:
         if epoch != 1:
             assert not any(k.startswith("overlap") for k in stats)
             continue
-        theirs = states[1].epoch_stats()
-        assert {k: v for k, v in stats.items() if k.startswith("overlap")} == \
-            {k: v for k, v in theirs.items() if k.startswith("overlap")}
+        theirs = {k: v for k, v in states[1].epoch_stats().items() if k.startswith("overlap")}
+        assert theirs == ({} if follower else
+                          {k: v for k, v in stats.items() if k.startswith("overlap")})
         matrices = [(offset, p.numel()) for (_, p), offset in zip(
             params, itertools.accumulate([0] + [p.numel() for _, p in params]), strict=False)
             if p.ndim > 1]

@@ -99,7 +99,7 @@ def test_three_workers_average_three_gradients(group) -> None:
 RUN_CONFIGS = {
     "powersgd-accordion": ["compressor=powersgd", "scheduler=accordion", "scheduler.interval=1"],
     "topk": ["compressor=topk", "compressor.ratio=0.1"],
-    "adacomp": ["compressor=adacomp"],
+    "adacomp": ["compressor=adacomp", "observe.overlap_epochs=[1]", "observe.overlap_steps=2"],
 }
 
 
@@ -151,6 +151,8 @@ def test_two_simulated_learners_record_what_two_gloo_ranks_record(tmp_path, name
     assert sim[0]["comm/bits"] < sim[0]["comm/bits_dense"]  # it did compress
     if name.endswith("accordion"):
         assert any(k.startswith("critical/") for k in sim[0])
+    if name == "adacomp":  # the top-k overlap, measured by learner 0 as by rank 0
+        assert "overlap_model" in sim[1] and "overlap_model" not in sim[0]
     a = torch.load(tmp_path / "sim" / "checkpoint.pt", weights_only=False)
     b = torch.load(tmp_path / "real" / "checkpoint.pt", weights_only=False)
     assert a["world_size"] == b["world_size"] == 2

@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 from compression.comm import SimComm
 from compression.hook import HookState
+from compression.overlap import OverlapProbe
 from core.distributed import DistEnv
 
 Bucket = tuple[list[nn.Parameter], torch.Tensor, list[torch.Tensor]]  # params, buffer, views
@@ -90,7 +91,7 @@ class AllWorkers:
             state.set_levels(levels)
 
     def reset_epoch(self, epoch: int | None = None) -> None:
-        """Start every worker's epoch sums (no overlap measurement: simulated learners)."""
+        """Start every worker's epoch sums."""
         for state in self.states:
             state.reset_epoch(epoch)
 
@@ -166,7 +167,8 @@ class SimulatedWorkers:
     """
 
     def __init__(self, model: nn.Module, compressor_cfg: Any, tasks: list[Any],
-                 seeds: list[int], bucket_cap_mb: float) -> None:
+                 seeds: list[int], bucket_cap_mb: float,
+                 overlap: OverlapProbe | None = None) -> None:
         self.world_size = len(tasks)
         self.model, self.tasks = model, tasks
         self.ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)  # world size 1: real DDP buckets
@@ -174,8 +176,13 @@ class SimulatedWorkers:
         self.ddp.register_comm_hook(self.recorder, _record)
         compressor = compression.build_compressor(compressor_cfg)  # one, shared by all
         comms = SimComm.group(self.world_size)
+        # The top-k overlap (observe.overlap_epochs): every learner joins its gathers, learner
+        # 0 measures (it records the metrics, as rank 0 does).
+        probes = [overlap if w == 0 or overlap is None else overlap.gather_only()
+                  for w in range(self.world_size)]
         self.states = [HookState(compressor, model.named_parameters(), comm=comms[w],
-                                 track_norms=w == 0) for w in range(self.world_size)]
+                                 track_norms=w == 0, overlap=probes[w])
+                       for w in range(self.world_size)]
         self.rng = WorkerRNG(seeds)
         self.hook_state = AllWorkers(self.states, self.rng)
 

@@ -74,4 +74,5 @@ def build(model: nn.Module, cfg: Any, env: DistEnv, bundle: DataBundle, device: 
     tasks = [make_task(bundle, e, cfg, device) for e in simulated_envs(int(workers))]
     seeds = [rank_seed(cfg.seed, w) for w in range(int(workers))]
     return SimulatedWorkers(model, cfg.compressor, tasks, seeds,
-                            bucket_cap_mb=float(cfg.trainer.bucket_cap_mb))
+                            bucket_cap_mb=float(cfg.trainer.bucket_cap_mb),
+                            overlap=compression.overlap.from_config(cfg.observe))
