@@ -41,8 +41,9 @@ OPTIMIZERS = {"sgd": "momentum SGD", "adam": "Adam"}
 
 
 def claim_data(frames: Frames) -> pd.DataFrame:
-    """One row per run: optimizer, compressor, learners, per-learner batch, final and best test
-    accuracy and the effective compression per layer type, mean over seeds per setting."""
+    """One row per setting: optimizer, compressor, learners, per-learner batch, final and best
+    test accuracy and the effective compression per layer type, mean over seeds (and the final
+    accuracy's standard deviation over them, ``final_std``: NaN for one seed)."""
     stats = run_stats(frames)
     runs = frames.runs.set_index("run_id")
     learners = runs["trainer.workers"].fillna(1).astype(int)
@@ -53,7 +54,8 @@ def claim_data(frames: Frames) -> pd.DataFrame:
     stats["per_learner_batch"] = stats["global_batch"] // stats["learners"]
     keys = ["optimizer", "compressor", "learners", "per_learner_batch", "global_batch"]
     data = stats.groupby(keys, as_index=False).agg(
-        seeds=("seed", "nunique"), final=("final", "mean"), best=("best", "mean"),
+        seeds=("seed", "nunique"), final=("final", "mean"), final_std=("final", "std"),
+        best=("best", "mean"),
         conv_x=("conv_x", "mean"), fc_x=("fc_x", "mean"))
     return data.sort_values(keys, ignore_index=True)
 
@@ -62,19 +64,27 @@ def _x(value: float) -> str:
     return "—" if pd.isna(value) else f"{value:.1f}x"
 
 
+def _accuracy(row: pd.Series) -> str:
+    """The final accuracy, mean +- std over seeds where there are several."""
+    if row["seeds"] > 1:
+        return f"{row['final']:.2f} ± {row['final_std']:.2f}"
+    return f"{row['final']:.2f}"
+
+
 def learners_table(data: pd.DataFrame) -> pd.DataFrame:
     """Learners down, each optimizer's accuracy and conv / FC compression across; the
     uncompressed runs first, as the baseline."""
     rows = []
     for (compressor, learners), group in data.groupby(["compressor", "learners"], sort=False):
         row = {"compressor": compressor, "learners": learners,
-               "per-learner batch": int(group["per_learner_batch"].iloc[0])}
+               "per-learner batch": int(group["per_learner_batch"].iloc[0]),
+               "seeds": int(group["seeds"].max())}
         for optimizer, label in OPTIMIZERS.items():
             mine = group[group["optimizer"] == optimizer]
             if mine.empty:
                 continue
             first = mine.iloc[0]
-            row[f"{label}: accuracy (%)"] = f"{first['final']:.2f}"
+            row[f"{label}: accuracy (%)"] = _accuracy(first)
             row[f"{label}: conv"] = _x(first["conv_x"])
             row[f"{label}: FC"] = _x(first["fc_x"])
         rows.append(row)
@@ -86,7 +96,8 @@ def batch_table(data: pd.DataFrame) -> pd.DataFrame:
     """Per-learner batch down: accuracy and conv / FC compression."""
     rows = [{"optimizer": OPTIMIZERS.get(r.optimizer, r.optimizer), "learners": r.learners,
              "per-learner batch": r.per_learner_batch, "global batch": r.global_batch,
-             "accuracy (%)": f"{r.final:.2f}", "conv": _x(r.conv_x), "FC": _x(r.fc_x)}
+             "seeds": r.seeds, "accuracy (%)": _accuracy(pd.Series(r._asdict())),
+             "conv": _x(r.conv_x), "FC": _x(r.fc_x)}
             for r in data[data["compressor"] != "none"].itertuples()]
     return pd.DataFrame(rows)
 
@@ -102,8 +113,8 @@ def plot_learners(data: pd.DataFrame) -> plt.Figure:
         mine = ada[ada["optimizer"] == optimizer]
         if mine.empty:
             continue
-        acc.plot(mine["learners"], mine["final"], "o-", color=colours[optimizer],
-                 label=f"AdaComp, {label}")
+        acc.errorbar(mine["learners"], mine["final"], yerr=mine["final_std"].fillna(0),
+                     fmt="o-", capsize=3, color=colours[optimizer], label=f"AdaComp, {label}")
         base = data[(data["compressor"] == "none") & (data["optimizer"] == optimizer)]
         if not base.empty:
             acc.axhline(base["final"].mean(), color=colours[optimizer], ls="--",

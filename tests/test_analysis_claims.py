@@ -46,3 +46,18 @@ def test_learners_table_puts_the_baseline_first() -> None:
     assert list(table["learners"]) == [1, 1, 4]
     assert table.iloc[2]["momentum SGD: conv"] == "80.0x"
     assert table.iloc[0]["momentum SGD: conv"] == "—"
+
+
+def test_tables_show_the_spread_over_seeds() -> None:
+    frames = _frames()
+    twin = frames.runs[frames.runs["run_id"] == "b"].assign(run_id="b2", seed=1, final=58.0)
+    epochs = frames.epochs[frames.epochs["run_id"] == "b"].assign(run_id="b2")
+    frames = Frames(pd.concat([frames.runs, twin]), pd.concat([frames.epochs, epochs]),
+                    frames.problems)
+    data = claims.claim_data(frames)
+    table = claims.learners_table(data).set_index("learners")
+    assert table.loc[4, "momentum SGD: accuracy (%)"] == "56.00 ± 2.83"  # 54 and 58
+    assert table.loc[4, "seeds"] == 2
+    assert table[table["compressor"] == "adacomp"].loc[1, "momentum SGD: accuracy (%)"] == "51.00"
+    batch = claims.batch_table(data).set_index("learners")
+    assert batch.loc[4, "accuracy (%)"] == "56.00 ± 2.83"
