@@ -55,7 +55,7 @@ reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after anoth
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \
 		runs_root=$(RUNS) $(ONLY); status=$$?; $(PY) -m analysis.claims_$* $(RUNS) --scale tiny \
-		$(if $(OUT),--out $(OUT)); \
+		--out $(or $(OUT),results/claims/$*); \
 		exit $$status
 
 claims: $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)) ## every claim sweep, one after another

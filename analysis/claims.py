@@ -64,11 +64,9 @@ def _x(value: float) -> str:
     return "—" if pd.isna(value) else f"{value:.1f}x"
 
 
-def _accuracy(row: pd.Series) -> str:
+def _accuracy(final: float, final_std: float, seeds: int) -> str:
     """The final accuracy, mean +- std over seeds where there are several."""
-    if row["seeds"] > 1:
-        return f"{row['final']:.2f} ± {row['final_std']:.2f}"
-    return f"{row['final']:.2f}"
+    return f"{final:.2f} ± {final_std:.2f}" if seeds > 1 else f"{final:.2f}"
 
 
 def learners_table(data: pd.DataFrame) -> pd.DataFrame:
@@ -84,7 +82,8 @@ def learners_table(data: pd.DataFrame) -> pd.DataFrame:
             if mine.empty:
                 continue
             first = mine.iloc[0]
-            row[f"{label}: accuracy (%)"] = _accuracy(first)
+            row[f"{label}: accuracy (%)"] = _accuracy(first["final"], first["final_std"],
+                                                      first["seeds"])
             row[f"{label}: conv"] = _x(first["conv_x"])
             row[f"{label}: FC"] = _x(first["fc_x"])
         rows.append(row)
@@ -96,7 +95,7 @@ def batch_table(data: pd.DataFrame) -> pd.DataFrame:
     """Per-learner batch down: accuracy and conv / FC compression."""
     rows = [{"optimizer": OPTIMIZERS.get(r.optimizer, r.optimizer), "learners": r.learners,
              "per-learner batch": r.per_learner_batch, "global batch": r.global_batch,
-             "seeds": r.seeds, "accuracy (%)": _accuracy(pd.Series(r._asdict())),
+             "seeds": r.seeds, "accuracy (%)": _accuracy(r.final, r.final_std, r.seeds),
              "conv": _x(r.conv_x), "FC": _x(r.fc_x)}
             for r in data[data["compressor"] != "none"].itertuples()]
     return pd.DataFrame(rows)
