@@ -38,7 +38,7 @@ import data
 import models
 import schedulers
 import training.workers
-from core import distributed, record
+from core import distributed, record, rng
 from core.errors import ConfigError
 from core.lr import lr_at
 from training import checkpoint, faults, optim, runs, signals
@@ -115,12 +115,12 @@ def _decide(cfg: DictConfig, run_dir: Path, world_size: int) -> runs.Action | Co
 def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle,
            device: torch.device, resume: bool) -> dict[str, Any]:
     t = cfg.trainer
-    checkpoint.seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
+    rng.seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
     model = models.build(**cfg.model).to(device)
-    faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
-    checkpoint.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
+    rng.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
     # This rank (DDP, the comm hook aggregates), or trainer.workers simulated learners.
     workers = training.workers.build(model, cfg, env, bundle, device)
+    faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
     task, hook_state = workers.tasks[0], workers.hook_state
     scheduler = schedulers.build(cfg.scheduler)
     o = cfg.optimizer
@@ -134,9 +134,8 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
 
     amp = bool(t.amp) and device.type == "cuda"
-    # A preemption signal stops the ranks at one step boundary (simulated learners: at once,
-    # resumed from the last epoch's checkpoint).
-    preemptible = bool(t.preempt_signals) and isinstance(workers, training.workers.Rank)
+    # A preemption signal stops the ranks (or the simulated learners) at one step boundary.
+    preemptible = bool(t.preempt_signals)
     stop = signals.StopCheck(int(t.preempt_check_every), enabled=preemptible)
     status, why, started = "running", None, time.perf_counter() - elapsed_s
     signals.defer(t.preempt_signals if preemptible else [])
@@ -152,7 +151,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             row.update({"lr": lr, "batch_size": batch_size})
             hook_state.reset_epoch(epoch)
             progress = EpochProgress(epoch, device, len(workers.tasks)) if saved is None else \
-                EpochProgress.resume(saved, hook_state, task, device)  # continue a stopped epoch
+                EpochProgress.resume(saved, hook_state, workers.tasks, device)  # a stopped epoch
             saved = None
 
             # ---- train one epoch: the comm hook aggregates (and compresses) in backward -------
@@ -162,7 +161,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             except signals.Preempted:  # every rank stopped at this step: checkpoint mid-epoch
                 checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch,
                                 time.perf_counter() - started, model, optimizer, hook_state,
-                                scheduler, progress.state_dict(hook_state, task))
+                                scheduler, progress.state_dict(hook_state, workers.tasks))
                 raise
             epoch_s = progress.seconds()
 

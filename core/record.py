@@ -12,6 +12,8 @@ import io
 import json
 import math
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +66,20 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write_bytes(path, lambda f: f.write(buffer.getbuffer()))
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU."""
-    return torch.load(path, map_location="cpu", weights_only=False)
+def load_checkpoint(path: Path, mmap: bool = False) -> Any:
+    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU (``mmap``: tensors
+    mapped, not read), as data only: ``torch.load(weights_only=True)`` unpickles tensors and
+    plain containers and nothing that would run code. A file that holds anything else is
+    refused with a ConfigError (one line, naming the file and what it held) before any of it
+    runs."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        what = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        held = f"a pickled {what.group(1)}" if what else "pickled objects"
+        raise ConfigError(f"resume: {path} holds {held}, which could run code when loaded; "
+                          f"a checkpoint of this suite holds only tensors and plain containers, "
+                          f"so it was refused unread") from exc
 
 
 class MetricsLog:
