@@ -38,7 +38,7 @@ import data
 import models
 import schedulers
 import training.workers
-from core import distributed, record, rng
+from core import distributed, numerics, provenance, record, rng
 from core.errors import ConfigError
 from core.lr import lr_at
 from training import checkpoint, faults, optim, runs, signals
@@ -60,6 +60,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (training/signals)
     try:
+        numerics.apply(cfg.trainer.numerics)  # before torch's first operation (core/numerics)
         world_size = checks.world_size(cfg, env.world_size)  # ranks, or simulated learners
         checks.validate(cfg, world_size, run_dir)
         bundle = data.build(cfg.dataset)
@@ -131,7 +132,12 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
         start_epoch, elapsed_s, saved = checkpoint.load(run_dir / record.CHECKPOINT, model,
                                                         optimizer, hook_state, scheduler)
     log = record.MetricsLog(run_dir, keep_epochs=start_epoch) if env.is_main else None
-    logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
+    logger: WandbLogger | NullLogger = NullLogger()
+    if env.is_main:  # which machine and code run this start (core/provenance.py)
+        prov = provenance.collect(t.numerics, workers.world_size,
+                                  "simulated" if t.workers is not None else env.launcher)
+        record.record_start(run_dir, prov, start_epoch, fresh=not resume)
+        logger = _make_logger(cfg, run_dir, prov)
 
     amp = bool(t.amp) and device.type == "cuda"
     # A preemption signal stops the ranks (or the simulated learners) at one step boundary.
@@ -347,12 +353,14 @@ def _sync_buffers(model: torch.nn.Module) -> None:
         dist.broadcast(buf, src=0)
 
 
-def _make_logger(cfg: DictConfig, run_dir: Path) -> WandbLogger | NullLogger:
+def _make_logger(cfg: DictConfig, run_dir: Path, prov: dict[str, Any]
+                 ) -> WandbLogger | NullLogger:
     if cfg.logger.name == "none":
         return NullLogger()
-    # Flattened ("model.name": ...), so that W&B can group and filter runs by any key.
-    return WandbLogger(cfg.logger, record.flatten(OmegaConf.to_container(cfg, resolve=True)),
-                       run_dir)
+    # Flattened ("model.name": ..., "provenance.git.commit": ...), so that W&B can group and
+    # filter runs by any key.
+    config = {**OmegaConf.to_container(cfg, resolve=True), "provenance": prov}
+    return WandbLogger(cfg.logger, record.flatten(config), run_dir)
 
 
 def _quiet_other_ranks() -> None:

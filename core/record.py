@@ -1,7 +1,10 @@
 """The run record rank 0 leaves in the Hydra output directory.
 
 - ``metrics.jsonl``: one JSON object per epoch, flushed and fsync'ed as soon as it is written;
-- ``summary.json``: status, final and best test metric, totals (rewritten atomically);
+- ``summary.json``: status, final and best test metric, totals, and the provenance of the run's
+  last start and of all its starts (rewritten atomically);
+- ``starts.jsonl``: one JSON object per start of the run (fresh, then each resumption): which
+  machine and code ran it from which epoch (:mod:`core.provenance`);
 - ``checkpoint.pt``: everything a resumed run needs, written atomically (temp file + rename).
 """
 
@@ -24,6 +27,7 @@ from core.errors import ConfigError
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
+STARTS = "starts.jsonl"
 
 
 class RecordError(OSError):
@@ -173,6 +177,24 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """Write ``summary.json`` atomically."""
+    """Write ``summary.json`` atomically, with the provenance of the run's starts
+    (``starts.jsonl``): the last as ``provenance``, all as ``starts``."""
+    starts = read_starts(run_dir)
+    if starts:
+        summary = {**summary, "provenance": starts[-1], "starts": starts}
     text = json.dumps(summary, indent=2) + "\n"
     atomic_write_bytes(run_dir / SUMMARY, lambda f: f.write(text.encode()))
+
+
+def record_start(run_dir: Path, provenance: dict[str, Any], epoch: int, fresh: bool) -> None:
+    """Add this start (``provenance`` from :func:`core.provenance.collect`, continuing from
+    ``epoch``) to ``starts.jsonl``; a ``fresh`` run starts the file over."""
+    starts = [] if fresh else read_starts(run_dir)
+    starts.append({**provenance, "epoch": epoch})
+    text = "".join(json.dumps(s) + "\n" for s in starts)
+    atomic_write_bytes(run_dir / STARTS, lambda f: f.write(text.encode()))
+
+
+def read_starts(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's starts (empty for a record written before provenance was kept)."""
+    return read_metrics(run_dir / STARTS)

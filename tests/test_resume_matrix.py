@@ -117,4 +117,4 @@ def test_a_resumed_run_ends_where_the_run_that_never_stopped_ends(compose_cfg, t
         for key, value in expected.items():
             assert torch.equal(got[key], value), (kind, key)
         summary = json.loads((stopped / "summary.json").read_text())
-        assert summary["status"] == "completed"
+        assert summary["status"] == "completed" and len(summary["starts"]) == 2

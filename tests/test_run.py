@@ -88,6 +88,10 @@ def test_wandb_offline_run_records_the_same_keys(tmp_path):
     for key in ("train/loss", "test/accuracy", "comm/bits", "grad_norm/conv1.weight"):
         assert key.encode() in blob, key
     assert b"resnet18-digits-none-static" in blob  # the group = the experiment name
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("provenance.fingerprint", "provenance.git.commit", "provenance.cpu.model"):
+        assert key.encode() in blob, key  # the run's config on W&B holds its provenance
+    assert summary["provenance"]["fingerprint"].encode() in blob
     _check_record(tmp_path, epochs=1, world_size=1)
 
 
