@@ -212,3 +212,43 @@ def test_seed_everything_seeds_each_stream_with_the_ranks_seed(determinism, dete
     assert torch.is_deterministic_algorithms_warn_only_enabled() is deterministic
     assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == \
         (deterministic, not deterministic)
+
+
+# ---- a mid-epoch checkpoint's progress, round trip (seconds, not an end-to-end run) -----------
+class _Carrying:
+    """A task that carries a tensor from step to step (as an LSTM's hidden state)."""
+
+    def __init__(self, carry: object = None) -> None:
+        self._carry = carry
+
+    def carry(self) -> object:
+        return self._carry
+
+    def set_carry(self, carry: object) -> None:
+        self._carry = carry
+
+
+def test_the_epoch_progress_comes_back_from_a_mid_epoch_checkpoint(group, tmp_path):
+    from training.progress import EpochProgress
+
+    model, optimizer, hook_state, scheduler = trained_parts()
+    hook_state.reset_epoch(2)
+    model(torch.randn(5, 4)).sum().backward()
+    hook_state._accumulate(["2.weight"], [model[2].weight.grad])  # Delta_e of a step so far
+    hook_state.bits, hook_state.step, hook_state.chosen = 96, 3, {"2.weight": [5, 18]}
+    progress = EpochProgress(2, torch.device("cpu"), step=3, samples=15,
+                             loss_sum=torch.tensor([4.5], dtype=torch.float64), seconds=2.0)
+    tasks = [_Carrying((torch.ones(2), torch.zeros(2)))]
+    checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 2, 9.0, model, optimizer,
+                    hook_state, scheduler, progress.state_dict(hook_state, tasks))
+    *_, fresh, _ = restored = parts(5)
+    epoch, _, saved = checkpoint.load(tmp_path / "c.pt", *restored)
+    fresh.reset_epoch(epoch)
+    again_tasks = [_Carrying()]
+    again = EpochProgress.resume(saved, fresh, again_tasks, torch.device("cpu"))
+    assert (again.epoch, again.step, again.samples) == (2, 3, 15)
+    assert again.loss_sum.tolist() == [4.5] and again.seconds() >= 2.0
+    assert (fresh.bits, fresh.step, fresh.chosen) == (96, 3, {"2.weight": [5, 18]})
+    assert torch.equal(fresh.grad_sums["2.weight"], hook_state.grad_sums["2.weight"])
+    assert all(torch.equal(a, b) for a, b in zip(again_tasks[0].carry(), tasks[0].carry(),
+                                                 strict=True))
