@@ -208,6 +208,7 @@ def _check_trainer(t: Any, world_size: int) -> None:
     check_number(t.bucket_cap_mb, "trainer.bucket_cap_mb", 0, MAX_BUCKET_MB, low_open=True)
     if t.progress != "auto" and not isinstance(t.progress, bool):
         raise ConfigError(f"trainer.progress: expected auto, true or false, got {t.progress!r}")
+    check_number(t.progress_every_s, "trainer.progress_every_s", 0, low_open=True)
     check_bool(t.deterministic, "trainer.deterministic")
     signals.check_names(t.preempt_signals)
     check_int(t.preempt_check_every, "trainer.preempt_check_every", 1)
