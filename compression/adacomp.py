@@ -211,12 +211,20 @@ class AdaComp(Compressor):
         owed = layer.memory.pop("owed", None)
         bin_size = layer.memory.pop("owed_bin_size", None)
         scale = layer.memory.pop("scale", None)
-        if owed is not None:
-            residue = layer.memory["residue"]
-            lib = _kernel.kernel()
-            assert lib is not None, "an owed bitmap exists only where the kernel runs"
-            _kernel.settle(lib, residue, math.prod(layer.shape), int(bin_size), owed,
-                           scale.item())
+        if owed is None:
+            return
+        residue, n = layer.memory["residue"], math.prod(layer.shape)
+        lib = (_kernel.kernel() if usable(torch.float32, residue) and usable(torch.uint8, owed)
+               else None)
+        if lib is not None:
+            _kernel.settle(lib, residue, n, int(bin_size), owed, scale.item())
+            return
+        # Where the kernel cannot take them (a CPU-written state loaded on CUDA, or no C
+        # compiler here): the kernel's own float operation, residue - (sign(G) s or +0), in
+        # torch ops; never a CUDA pointer handed to C.
+        mask = unpack_groups(owed, n, int(bin_size)).to(residue.device)
+        g = residue[:n]
+        g.sub_(torch.where(mask, torch.copysign(scale.to(g), g), 0.0))
 
     def _owed(self, layer: Layer) -> torch.Tensor:
         """The layer's owed bits for its bin size (zeros, and s = 0, at first)."""
