@@ -60,6 +60,7 @@ EPOCHS, STOP = 4, 2  # the run, and where the resumed run stops first
 # never is under eta = 1e9 (high), and the LR decay at epoch 3 makes epoch 3 critical again.
 PLAN = ("low", "low", "high", "low")
 RUN = ["model=resnet18", "model.width=8", "dataset=digits", "dataset.subset=512", "logger=none",
+       "trainer.numerics=native",  # as paper scale runs on GPUs (conf/scale/paper.yaml)
        "trainer.progress=false", "trainer.deterministic=true", f"trainer.epochs={EPOCHS}",
        "optimizer.schedule.milestones=[3]", "optimizer.schedule.decay_factors=[0.1]"]
 ACCORDION = ["scheduler=accordion", "scheduler.interval=1", "scheduler.eta=1e9"]
