@@ -59,7 +59,7 @@ EPOCHS, STOP = 4, 2  # the run, and where the resumed run stops first
 # Accordion (Algorithm 1) with interval 1: epochs 0 and 1 are critical (low level), a norm change
 # never is under eta = 1e9 (high), and the LR decay at epoch 3 makes epoch 3 critical again.
 PLAN = ("low", "low", "high", "low")
-RUN = ["model=resnet18", "model.width=8", "dataset=digits", "dataset.subset=512", "logger=none",
+RUN = ["model=resnet18", "model.width=8", "dataset=digits", "logger=none",
        "trainer.numerics=native",  # as paper scale runs on GPUs (conf/scale/paper.yaml)
        "trainer.progress=false", "trainer.deterministic=true", f"trainer.epochs={EPOCHS}",
        "optimizer.schedule.milestones=[3]", "optimizer.schedule.decay_factors=[0.1]"]
@@ -142,7 +142,7 @@ def first_difference(a: Path, b: Path) -> str | None:
 def run_and_resume(name: str, ranks: int, device: str, out: Path) -> list[Row]:
     """Checks 1 and 2 for compressor ``name``."""
     args = [*RUN, f"compressor={name}", f"trainer.device={device}",
-            f"trainer.batch_size={32 * ranks}",
+            f"trainer.batch_size={32 * ranks}", f"dataset.subset={max(512, 64 * ranks)}",
             *(ACCORDION if compression.create(name).accordion_levels else ["scheduler=static"])]
     straight, resumed = out / name / "straight", out / name / "resumed"
     proc = launch(args, straight, ranks)
