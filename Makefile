@@ -34,7 +34,7 @@ SIM_CLAIMS := learners minibatch
 
 .PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
 	bench-numerics \
-	bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
+	bench-tta plan dashboard reproduce-all bench-simulated-memory claims smoke-gpu \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -94,15 +94,21 @@ bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8
 bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 run side by side [ARGS="--repeats 2 --epochs 16"] -> results/bench/numerics.{csv,md}
 	$(PY) -m benchmarks.numerics $(ARGS)
 
-bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
-	$(PY) -m benchmarks.compressors
+bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}
+	$(PY) -m benchmarks.compressors $(if $(DEVICE),--device $(DEVICE))
+
+smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through NCCL, a resume, host syncs per step, NCCL vs gloo -> results/bench/smoke_gpu.md (skips without a GPU)
+	$(PY) -m benchmarks.smoke_gpu
 
 report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
 	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
 
-bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) -> results/bench/e2e.*, projection.*
-	$(PY) -m benchmarks.e2e
-	$(PY) -m benchmarks.projection
+E2E_OUT = results/bench$(if $(filter cuda,$(DEVICE)),/cuda)
+bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) [DEVICE=cuda: 2 GPUs, NCCL] -> $(E2E_OUT)/e2e.*, projection.*
+	$(PY) -m benchmarks.e2e --out $(E2E_OUT) $(if $(DEVICE),--device $(DEVICE))
+	@if ls $(E2E_OUT)/raw/e2e/*-*.json >/dev/null 2>&1; then \
+		$(PY) -m benchmarks.projection --raw $(E2E_OUT)/raw/e2e --out $(E2E_OUT); \
+	else echo "bench-e2e: no records in $(E2E_OUT)/raw/e2e, no projection"; fi
 
 bench-tta: $(VENV_STAMP) ## time to accuracy of run.py jobs over the link at ratio 4 (JOBS=file.yaml) -> results/bench/tta.*
 	$(PY) -m benchmarks.tta $(if $(JOBS),--jobs $(JOBS))

@@ -66,6 +66,7 @@ COMPANIONS = {
 # Fields whose default is null or whose type the default does not tell: their kind.
 KINDS = {
     "trainer.micro_batch_size": "int?", "trainer.grad_clip": "float?", "dataset.subset": "int?",
+    "trainer.num_workers": "int?",
     "dataset.root": "str?", "compressor.block_size": "int?", "logger.entity": "str?",
     "logger.run_name": "str?", "logger.group": "str?", "logger.job_type": "str?",
     "trainer.dist_timeout_s": "float", "trainer.bucket_cap_mb": "float",

@@ -192,7 +192,8 @@ def _check_trainer(t: Any, world_size: int) -> None:
         check_int(t.workers, "trainer.workers", 1, MAX_SIMULATED)
     check_int(t.batch_size, "trainer.batch_size", 1)
     check_int(t.eval_batch_size, "trainer.eval_batch_size", 1)
-    check_int(t.num_workers, "trainer.num_workers", 0, MAX_WORKERS)
+    if t.num_workers is not None:  # null: from the CPUs the rank has (training/tasks.py)
+        check_int(t.num_workers, "trainer.num_workers", 0, MAX_WORKERS)
     if t.batch_size % world_size:
         raise ConfigError(f"trainer.batch_size: the global batch {t.batch_size} must be divisible "
                           f"by the world size {world_size}")
