@@ -25,12 +25,14 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
 
-# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale.
-# On 2 CPU ranks, then analysis/claims_<name>.py -> results/claims/<name>/{<name>.png,table.md}:
+# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale,
+# then `python -m analysis.claims <name>` (analysis/claims_<name>.py) -> results/claims/<name>/
+# (its figure, table.md, table.csv). On 2 CPU ranks:
 CLAIMS := residues fig2b overlap batch
 # AdaComp's claims on simulated learners: each run one process of trainer.workers learners
-# (launcher=simulated); figure and table -> results/claims/<name>/ (analysis/claims.py):
+# (launcher=simulated):
 SIM_CLAIMS := learners minibatch
+CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
 .PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
 	bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
@@ -54,15 +56,12 @@ reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after anoth
 
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \
-		runs_root=$(RUNS) $(ONLY); status=$$?; $(PY) -m analysis.claims_$* $(RUNS) --scale tiny \
-		--out $(or $(OUT),results/claims/$*); \
-		exit $$status
+		runs_root=$(RUNS) $(ONLY); status=$$?; $(call CLAIM,$*); exit $$status
 
 claims: $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)) ## every claim sweep, one after another
 
 $(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on simulated learners (conf/sweep/claim_%.yaml), then its figure and table -> results/claims/%/
-	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; \
-	$(PY) -m analysis.claims $* $(RUNS)/claim_$*/tiny --out $(or $(OUT),results/claims/$*); \
+	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; $(call CLAIM,$*); \
 	exit $$status
 
 plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)

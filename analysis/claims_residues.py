@@ -1,6 +1,6 @@
 """AdaComp Figs. 4-6: residues under the soft threshold vs hard Local Selection, per bin size.
 
-    python -m analysis.claims_residues [RUNS] [--out results/claims/residues]
+    python -m analysis.claims residues [RUNS] [--out results/claims/residues]
 
 From the runs of conf/sweep/claim_residues.yaml: per run and epoch, the largest |residue| over
 all compressed layers (max of |residue_min/*|, |residue_max/*|, logged at each epoch's end),
@@ -10,16 +10,15 @@ the mean fraction of elements sent (sent_fraction/*) and the test accuracy. Figu
 
 from __future__ import annotations
 
-import sys
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.claims_common import layer_columns, main, markdown
-from analysis.load import Frames
+from analysis.load import Frames, layer_columns
+from analysis.tables import markdown
 
-NAME, SWEEP = "residues", "claim_residues"
+SWEEP, FIGURE = "claim_residues", "residues.png"
+KEEP = ("completed", "diverged")  # a diverging method is part of the claim
 
 
 def selection(soft: object) -> str:
@@ -102,6 +101,3 @@ def table(frames: Frames) -> str:
         })
     return markdown(pd.DataFrame(rows))
 
-
-if __name__ == "__main__":
-    main(NAME, SWEEP, plot, table, sys.argv[1:])

@@ -3,15 +3,16 @@ a make target and an analysis module; the analyses on hand-written run records."
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import analysis.claims
 import schedulers
 from core import record
 from tests.conftest import CONF, ROOT
@@ -32,14 +33,18 @@ def claim_runs(name: str, *arguments: str) -> list:
 
 
 def test_every_claim_has_a_sweep_a_make_target_and_an_analysis():
-    simulated = ("learners", "minibatch")  # tests/test_simulated.py, analysis/claims.py
+    simulated = ("learners", "minibatch")  # tests/test_simulated.py
     assert sorted(p.stem for p in (CONF / "sweep").glob("claim_*.yaml")) == \
-        sorted(f"claim_{c}" for c in (*CLAIMS, *simulated))
+        sorted(f"claim_{c}" for c in (*CLAIMS, *simulated)) == \
+        sorted(f"claim_{c}" for c in analysis.claims.NAMES)
     makefile = (ROOT / "Makefile").read_text()
     assert f"CLAIMS := {' '.join(CLAIMS)}" in makefile
-    for name in CLAIMS:
-        module = importlib.import_module(f"analysis.claims_{name}")
-        assert (name, f"claim_{name}") == (module.NAME, module.SWEEP)
+    assert f"SIM_CLAIMS := {' '.join(simulated)}" in makefile
+    for name in analysis.claims.NAMES:
+        module = analysis.claims.module(name)
+        assert f"claim_{name}" == module.SWEEP and module.FIGURE.endswith(".png")
+        assert set(module.KEEP) <= {"completed", "diverged"}
+        assert all(callable(getattr(module, f)) for f in ("data", "plot", "table"))
 
 
 @pytest.mark.parametrize("name", CLAIMS)
@@ -118,9 +123,7 @@ def base_row(epoch: int, accuracy: float, bits: float = 1e6) -> dict:
             "comm/bits_dense": 1e8, "time/epoch_s": 1.0, "lr": 0.1, "batch_size": 32}
 
 
-def test_residue_analysis_reads_growth_and_selection(tmp_path):
-    from analysis import claims_residues
-
+def test_residue_analysis_reads_growth_and_selection(tmp_path, capsys):
     for c in claim_runs("residues", "compressor.conv_bin_size=500"):
         soft = c.compressor.soft_threshold
         growth = [1, 1, 1] if soft else [1, 10, math.inf]  # hard LS: not finite at epoch 2
@@ -128,10 +131,11 @@ def test_residue_analysis_reads_growth_and_selection(tmp_path):
                  "residue_max/w": 0.02 * growth[e], "sent_fraction/w": 0.01 if soft else 0.002}
                 for e in range(3)]
         write_run(tmp_path, c, rows, "completed" if soft else "diverged")
-    out = claims_residues.main("residues", "claim_residues", claims_residues.plot,
-                               claims_residues.table, [str(tmp_path), "--out",
-                                                       str(tmp_path / "out")])
+    out = tmp_path / "out"
+    assert analysis.claims.main(["residues", str(tmp_path), "--out", str(out)]) == 0
+    assert "residues: 2 runs" in capsys.readouterr().out
     assert (out / "residues.png").stat().st_size > 0
+    assert len(pd.read_csv(out / "table.csv")) == 6  # data: one row per run and epoch
     table = (out / "table.md").read_text()
     assert "| 500 | hard LS | 0 | [-0.1, 0.2] (epoch 1) | 0.02 -> 0.2 | 10x | 2 | 0.0020 | " \
         "10.0 / 10.0 | diverged |" in table
@@ -140,14 +144,13 @@ def test_residue_analysis_reads_growth_and_selection(tmp_path):
 
 def test_overlap_analysis_averages_layers_per_epoch(tmp_path):
     from analysis import claims_overlap
-    from analysis.claims_common import load_sweep
 
     for c in claim_runs("overlap", "method=batch512"):
         rows = [{**base_row(e, 50.0), "overlap/a": 0.5, "overlap/b": 0.7 + 0.1 * e,
                  "overlap_batch/a": 0.9, "overlap_batch/b": 0.95, "overlap_model": 0.4,
                  "overlap_batch_model": 0.8 + 0.1 * e} for e in range(2)]
         write_run(tmp_path, c, rows)
-    frames = load_sweep(tmp_path, "claim_overlap")
+    frames = analysis.claims.load_sweep(tmp_path, "claim_overlap")
     points = claims_overlap.data(frames)
     pairs = points[points["kind"] == "worker vs worker"]
     assert pairs["mean"].tolist() == pytest.approx([0.6, 0.65])
