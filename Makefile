@@ -24,6 +24,9 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 	$(if $(SEEDS),seed=$(SEEDS))
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
+# make report / scorecard: SWEEP=, SCALE= (when given), OUT=
+ANALYSIS_ARGS = $(if $(SWEEP),--sweep $(SWEEP)) \
+	$(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
 
 # The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale,
 # then `python -m analysis.claims <name>` (analysis/claims_<name>.py) -> results/claims/<name>/
@@ -34,8 +37,8 @@ CLAIMS := residues fig2b overlap batch
 SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
-.PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
-	bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
+.PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
+	bench-e2e bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -45,9 +48,11 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each
-	$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
-		VENV_STAMP=$(VENV_STAMP)
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each; then the scorecard of table1's tiny runs (printed, and results/scorecard.*)
+	@$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
+		VENV_STAMP=$(VENV_STAMP); status=$$?; \
+	$(MAKE) --no-print-directory scorecard SWEEP=table1 SCALE=tiny VENV_STAMP=$(VENV_STAMP); \
+	exit $$status
 
 $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
 	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
@@ -93,7 +98,10 @@ bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> r
 	$(PY) -m benchmarks.compressors
 
 report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
-	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
+	$(PY) -m analysis.report $(RUNS) $(ANALYSIS_ARGS)
+
+scorecard: $(VENV_STAMP) ## verdicts on the papers' claims (analysis/claims.yaml) from the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/scorecard.{md,html,csv}
+	$(PY) -m analysis.scorecard $(RUNS) $(ANALYSIS_ARGS)
 
 bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) -> results/bench/e2e.*, projection.*
 	$(PY) -m benchmarks.e2e

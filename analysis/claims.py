@@ -32,7 +32,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.load import Frames, load_records  # noqa: E402
+from analysis.load import Frames, load_records, usable  # noqa: E402
 
 NAMES = ("residues", "fig2b", "overlap", "batch", "learners", "minibatch")
 
@@ -55,8 +55,7 @@ def load_sweep(root: str | Path, sweep: str, scale: str | None = "tiny",
         return mine & (frame["scale"] == scale) if scale is not None else mine
 
     runs = frames.runs[of_sweep(frames.runs)]
-    runs = runs[runs["problem"].isna() | (runs["status"].isin(keep)
-                                          & (runs["problem"] == "status " + runs["status"]))]
+    runs = runs[usable(runs, keep)]
     problems = frames.problems[of_sweep(frames.problems)]
     return Frames(runs, frames.epochs[frames.epochs["run_id"].isin(runs["run_id"])],
                   problems[~problems["run_id"].isin(runs["run_id"])])

@@ -46,6 +46,16 @@ def data(frames: Frames) -> pd.DataFrame:
         drop=True)
 
 
+def mean_overlap(frames: Frames, prefix: str) -> pd.Series:
+    """Per run, the overlap ``prefix`` (``overlap``: worker vs worker; ``overlap_batch``: worker
+    vs global batch) averaged over the layers of each measured epoch, then over those epochs."""
+    epochs = frames.epochs
+    columns = layer_columns(epochs, prefix)
+    if not columns:
+        return pd.Series(dtype=float)
+    return epochs[columns].mean(axis=1).groupby(epochs["run_id"]).mean()
+
+
 def plot(frames: Frames) -> plt.Figure:
     """Mean over layers (line), lowest layer (dotted) and whole model (dashed) overlap per
     epoch; a panel per global batch."""

@@ -48,6 +48,15 @@ def data(frames: Frames) -> pd.DataFrame:
     return out.sort_values(["bin_size", "selection", "seed", "epoch"]).reset_index(drop=True)
 
 
+def largest_residue(frames: Frames) -> pd.Series:
+    """Per run, the largest finite |residue| over its epochs and layers (the scorecard's
+    ``residue_absmax``; a run whose residues overflowed keeps its last finite ones)."""
+    epochs = frames.epochs
+    columns = layer_columns(epochs, "residue_min") + layer_columns(epochs, "residue_max")
+    sizes = epochs[columns].abs()
+    return sizes.where(np.isfinite(sizes)).max(axis=1).groupby(epochs["run_id"]).max()
+
+
 def plot(frames: Frames) -> plt.Figure:
     """Largest |residue| (log) and test accuracy per epoch; a column per L_T."""
     points = data(frames)

@@ -189,6 +189,13 @@ def _read_summary(run: RunData, path: Path) -> str | None:
 
 
 # ---- shared by every source ----------------------------------------------------------------
+def usable(runs: pd.DataFrame, statuses: Iterable[str] = (COMPLETED,)) -> pd.Series:
+    """Which rows of a runs frame loaded with ``include_incomplete`` are complete, or ended in
+    one of ``statuses`` (``diverged``) with no other problem."""
+    return runs["problem"].isna() | (runs["status"].isin(list(statuses))
+                                     & (runs["problem"] == "status " + runs["status"]))
+
+
 def layer_columns(epochs: pd.DataFrame, prefix: str) -> list[str]:
     """The per-layer columns ``<prefix>/<layer>`` of the epochs frame that some epoch logged."""
     return [c for c in epochs.columns if c.startswith(prefix + "/") and epochs[c].notna().any()]

@@ -131,9 +131,16 @@ def test_residue_analysis_reads_growth_and_selection(tmp_path, capsys):
                  "residue_max/w": 0.02 * growth[e], "sent_fraction/w": 0.01 if soft else 0.002}
                 for e in range(3)]
         write_run(tmp_path, c, rows, "completed" if soft else "diverged")
+        if soft:  # the same run on seed 1, its ranks out of sync: left out, and said so
+            twin = OmegaConf.merge(c, {"seed": 1, "hydra": {"sweep": {"subdir": "twin"}}})
+            write_run(tmp_path, twin, rows)
+            summary = json.loads((tmp_path / "twin" / "summary.json").read_text())
+            (tmp_path / "twin" / "summary.json").write_text(
+                json.dumps({**summary, "params_in_sync": False}))
     out = tmp_path / "out"
     assert analysis.claims.main(["residues", str(tmp_path), "--out", str(out)]) == 0
     assert "residues: 2 runs" in capsys.readouterr().out
+    assert "1 run(s) left out" in (out / "table.md").read_text()
     assert (out / "residues.png").stat().st_size > 0
     assert len(pd.read_csv(out / "table.csv")) == 6  # data: one row per run and epoch
     table = (out / "table.md").read_text()
