@@ -12,7 +12,8 @@ defines the same names:
 - ``data(frames) -> DataFrame`` (what is drawn and tabled), ``plot(frames) -> Figure`` and
   ``table(frames) -> str`` (markdown).
 
-:func:`write` puts ``<out>/<FIGURE>``, ``<out>/table.md`` and ``<out>/table.csv`` (the data)
+:func:`write` puts ``<out>/<FIGURE>``, ``<out>/table.md`` (the table, the runs left out, the
+machines and commits of the runs used, :func:`made_by`) and ``<out>/table.csv`` (the data)
 there. Whether each claim holds is the scorecard's business (``analysis/claims.yaml``,
 :mod:`analysis.scorecard`).
 """
@@ -32,6 +33,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis import provenance  # noqa: E402
 from analysis.load import Frames, load_records, usable  # noqa: E402
 
 NAMES = ("residues", "fig2b", "overlap", "batch", "learners", "minibatch")
@@ -71,9 +73,18 @@ def write(name: str, frames: Frames, out: Path) -> list[Path]:
     plt.close(figure)
     left_out = len(frames.problems)
     note = f"\n{left_out} run(s) left out: see their run records.\n" if left_out else ""
-    paths[1].write_text(claim.table(frames) + note)
+    paths[1].write_text(claim.table(frames) + note + "\n" + made_by(frames.runs) + "\n")
     claim.data(frames).to_csv(paths[2], index=False)
     return paths
+
+
+def made_by(runs: pd.DataFrame) -> str:
+    """One sentence: the machines and commits of ``runs``, and the warning if they mix."""
+    cell = provenance.cell(runs)
+    text = (f"{len(runs)} runs, on {cell['machines'] or cell['fingerprints']}; "
+            f"commit {cell['commits']}.")
+    return text + (f" Warning: the set of runs {cell['provenance_warning']}."
+                   if cell["provenance_warning"] else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

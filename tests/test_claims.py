@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 import analysis.claims
 import schedulers
 from core import record
+from tests.analysis_fixture import MACHINE_A, MACHINE_B, provenance
 from tests.conftest import CONF, ROOT
 from training import sweeps
 from training.config import validate
@@ -107,15 +108,17 @@ def test_batch_runs_pair_accordion_on_batch_and_on_compression():
 
 
 # ---- the analyses, on hand-written run records ----------------------------------------------
-def write_run(root: Path, cfg, rows: list[dict], status: str = "completed") -> None:
-    """A run record as run.py leaves it: .hydra/config.yaml, metrics.jsonl, summary.json."""
+def write_run(root: Path, cfg, rows: list[dict], status: str = "completed",
+              **summary: object) -> None:
+    """A run record as run.py leaves it: .hydra/config.yaml, metrics.jsonl, summary.json (with
+    the keys of ``summary`` added)."""
     run_dir = root / str(cfg.hydra.sweep.subdir)
     (run_dir / ".hydra").mkdir(parents=True)
     task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     OmegaConf.save(task, run_dir / ".hydra" / "config.yaml", resolve=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    summary = record.summarize(rows, status, "test/accuracy", 1.0)
-    (run_dir / "summary.json").write_text(json.dumps(summary))
+    written = {**record.summarize(rows, status, "test/accuracy", 1.0), **summary}
+    (run_dir / "summary.json").write_text(json.dumps(written))
 
 
 def base_row(epoch: int, accuracy: float, bits: float = 1e6) -> dict:
@@ -130,7 +133,8 @@ def test_residue_analysis_reads_growth_and_selection(tmp_path, capsys):
         rows = [{**base_row(e, 90.0 if soft else 10.0), "residue_min/w": -0.01 * growth[e],
                  "residue_max/w": 0.02 * growth[e], "sent_fraction/w": 0.01 if soft else 0.002}
                 for e in range(3)]
-        write_run(tmp_path, c, rows, "completed" if soft else "diverged")
+        write_run(tmp_path, c, rows, "completed" if soft else "diverged",
+                  provenance=provenance(MACHINE_A if soft else MACHINE_B))
         if soft:  # the same run on seed 1, its ranks out of sync: left out, and said so
             twin = OmegaConf.merge(c, {"seed": 1, "hydra": {"sweep": {"subdir": "twin"}}})
             write_run(tmp_path, twin, rows)
@@ -141,6 +145,9 @@ def test_residue_analysis_reads_growth_and_selection(tmp_path, capsys):
     assert analysis.claims.main(["residues", str(tmp_path), "--out", str(out)]) == 0
     assert "residues: 2 runs" in capsys.readouterr().out
     assert "1 run(s) left out" in (out / "table.md").read_text()
+    assert "2 runs, on 0f1e2d3c4b5a: AMD EPYC (AVX2) x2, cpu; a1b2c3d4e5f6: Intel Xeon " \
+        "(AVX512) x2, cpu; commit 111111111111. Warning: the set of runs mixes 2 machines." \
+        in (out / "table.md").read_text()
     assert (out / "residues.png").stat().st_size > 0
     assert len(pd.read_csv(out / "table.csv")) == 6  # data: one row per run and epoch
     table = (out / "table.md").read_text()
