@@ -2,12 +2,13 @@
 
 A run record's ``summary.json`` holds ``provenance`` (``fingerprint``: 12 hex digits naming the
 machine and numeric environment; ``machine``: a short label; ``git``: ``commit``, ``dirty``,
-``diff_sha256``; ``numerics``; more keys) and ``starts`` (the same dict per start of a resumed
-run, with the ``epoch`` it started at); a W&B run holds the provenance in its config, flattened
-as ``provenance.fingerprint``, ``provenance.git.commit``, ... (docs/run-record.md). Both become
-the same columns of the runs frame (:func:`columns`): the provenance flattened under
-``provenance.``, and ``provenance.starts``, a tuple of ``(fingerprint, code, epoch)`` per start.
-Runs recorded before provenance existed have fingerprint and commit ``unknown``.
+``diff_sha256``; ``numerics`` with its ``mode``; versions, CPU, CUDA, ...: core/provenance.py)
+and ``starts`` (the same dict per start of a resumed run, with the ``epoch`` it started at); a
+W&B run holds the provenance in its config, flattened as ``provenance.fingerprint``,
+``provenance.git.commit``, ... (docs/run-record.md). Both become the same columns of the runs
+frame (:func:`columns`): the provenance flattened under ``provenance.``, and
+``provenance.starts``, a tuple of ``(fingerprint, code, epoch)`` per start. Runs recorded
+before provenance existed have fingerprint and commit ``unknown``.
 
 :func:`cell` says what a table cell (or a claim's runs) aggregated: its fingerprints, its code
 (commit, and the diff's hash when the checkout was dirty) and a warning when it mixes machines or
@@ -31,7 +32,8 @@ COMMIT = "provenance.git.commit"
 DIRTY = "provenance.git.dirty"
 DIFF = "provenance.git.diff_sha256"
 STARTS = "provenance.starts"
-COLUMNS = (FINGERPRINT, MACHINE, COMMIT, DIRTY, DIFF, "provenance.numerics", STARTS)
+NUMERICS = "provenance.numerics.mode"
+COLUMNS = (FINGERPRINT, MACHINE, COMMIT, DIRTY, DIFF, NUMERICS, STARTS)
 UNKNOWN = "unknown"
 SHORT = 12  # hex digits of a commit or diff hash shown
 
@@ -41,7 +43,9 @@ def columns(flat: Mapping[str, Any], starts: Sequence[Mapping[str, Any]] = ()) -
     with the ``provenance.`` prefix) and its starts (each a flattened provenance dict plus
     ``epoch``, keys without the prefix); unknown fingerprint and commit where there are none."""
     out = {key: tuple(v) if isinstance(v, list) else v for key, v in flat.items()
-           if key.startswith(PREFIX)}
+           if key.startswith(PREFIX) and key != PREFIX + "epoch"}  # the start's: in STARTS
+    if isinstance(out.get("provenance.numerics"), str):  # {"numerics": "portable"} as well
+        out[NUMERICS] = out.pop("provenance.numerics")
     for key in COLUMNS:
         out.setdefault(key, None)
     for key in (FINGERPRINT, COMMIT):

@@ -361,6 +361,7 @@ def _row(frames: Frames, claim: Claim, scale: str, cells: list[pd.DataFrame],
     result = interval(a, b, claim.effect) if not missing else \
         Interval(math.nan, math.nan, math.nan, f"none (no values of {', '.join(missing)})", "0")
     used = pd.concat(cells)
+    made_by = provenance.cell(used)
     published, published_source = _published(claim, ref)
     return {"id": claim.id, "claim": claim.claim, "sweep": claim.sweep, "scale": scale,
             "model": claim.model, "a": claim.a.label(),
@@ -373,9 +374,8 @@ def _row(frames: Frames, claim: Claim, scale: str, cells: list[pd.DataFrame],
             "values_a": _per_seed(a), "values_b": _per_seed(b) if b is not None else "",
             "mean_a": float(a.mean()) if len(a) else math.nan,
             "mean_b": float(b.mean()) if b is not None and len(b) else math.nan,
-            **{k: v for k, v in provenance.cell(used).items()
-               if k in ("fingerprints", "commits", "machines")},
-            "warning": provenance.cell(used)["provenance_warning"],
+            "fingerprints": made_by["fingerprints"], "commits": made_by["commits"],
+            "machines": made_by["machines"], "warning": made_by["provenance_warning"],
             "runs": "; ".join(used["path"]), "source": claim.source}
 
 

@@ -96,10 +96,14 @@ COMMIT_1, COMMIT_2 = "1" * 40, "2" * 40
 
 def provenance(machine: dict[str, str], commit: str | None = COMMIT_1, dirty: bool = False,
                numerics: str = "portable") -> dict:
-    """A ``summary.json`` ``provenance`` dict as docs/run-record.md specifies it."""
+    """A ``summary.json`` ``provenance`` dict as docs/run-record.md specifies it (the keys
+    core/provenance.py writes; a few of the versions and CPU fields)."""
     return {**machine, "git": {"commit": commit, "dirty": dirty,
                                "diff_sha256": "d1ff" * 16 if dirty else None},
-            "numerics": numerics, "torch": "2.14.1", "world_size": 2}
+            "versions": {"python": "3.11.9", "torch": "2.14.1"},
+            "cpu": {"isa": "AVX2", "flags": ["avx", "avx2"], "logical_cpus": 2},
+            "numerics": {"mode": numerics, "intra_op_threads": 1}, "cuda": None,
+            "world_size": 2, "launcher": "torchrun", "hostname": "node1"}
 
 
 def epoch_row(epoch: int, accuracy: float, bits: float = 1e6, loss: float = 1.0) -> dict:

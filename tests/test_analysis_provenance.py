@@ -29,8 +29,10 @@ ROWS = [epoch_row(e, 60.0 + e) for e in range(2)]
 
 def _write(root: Path, name: str, method: str, seed: int, prov: dict | None,
            starts: list[dict] | None = None) -> Path:
-    extra = {} if prov is None else {"provenance": prov,
-                                     "starts": starts or [{**prov, "epoch": 0}]}
+    """A run of table1; its summary's provenance as core/record.py writes it: the last start
+    (with its ``epoch``) and every start."""
+    starts = starts or ([{**prov, "epoch": 0}] if prov else [])
+    extra = {"provenance": starts[-1], "starts": starts} if starts else {}
     return write_record(root, name, {**T1, "method": method, "seed": seed}, ROWS, **extra)
 
 
@@ -85,6 +87,8 @@ def test_wandb_configs_give_the_same_provenance_as_the_records(tmp_path):
     prov = provenance(MACHINE_B, dirty=True)
     run_dir = _write(tmp_path, "s0", "rank1", 0, prov)
     records = load_records(tmp_path)
+    assert records.runs.iloc[0]["provenance.numerics.mode"] == "portable"
+    assert records.runs.iloc[0]["provenance.cpu.flags"] == ("avx", "avx2")
     config = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra/config.yaml"))
     history = pd.DataFrame([{"_step": r["epoch"], **r} for r in ROWS])
     for logged in (flatten({**config, "provenance": prov}),    # run.py: the flattened config
