@@ -43,6 +43,7 @@ from analysis.load import Frames, usable
 from core.errors import ConfigError, check_choice, check_number, check_str
 
 CLAIMS_FILE = Path(__file__).resolve().parent / "claims.yaml"
+VERSION = 1  # of the claims file's schema
 CONFIDENCE = 0.95
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 EFFECTS = ("difference", "ratio")
@@ -121,6 +122,9 @@ def load_claims(path: str | Path | None = None) -> list[Claim]:
         raise ConfigError(f"claims: cannot read {path}: {exc}".splitlines()[0]) from exc
     if not isinstance(document, dict) or not isinstance(document.get("claims"), list):
         raise ConfigError(f"claims: {path} needs a list `claims` (and `version`, `margins`)")
+    if document.get("version", VERSION) != VERSION:
+        raise ConfigError(f"claims: {path}: version: expected {VERSION} (the schema this "
+                          f"analysis reads), got {document['version']!r}")
     margins = _margins(document.get("margins") or {}, path)
     claims = [_claim(entry, margins, f"{path}: claim {entry.get('id', i)}")
               for i, raw in enumerate(document["claims"])

@@ -259,7 +259,8 @@ def compare(a: Frames, b: Frames) -> pd.DataFrame:
         ra, rb = left[key], right[key]
         for field in fields:
             if not _equal(ra.get(field), rb.get(field)):
-                diffs.append({"run": key, "what": field, "a": ra[field], "b": rb[field]})
+                diffs.append({"run": key, "what": field, "a": ra.get(field),
+                              "b": rb.get(field)})
         ea = a.epochs[a.epochs["run_id"] == ra["run_id"]].set_index("epoch").drop(columns="run_id")
         eb = b.epochs[b.epochs["run_id"] == rb["run_id"]].set_index("epoch").drop(columns="run_id")
         for column in sorted(set(ea.columns) | set(eb.columns)):

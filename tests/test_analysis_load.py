@@ -22,6 +22,7 @@ from analysis.wandb_runs import (
     to_run_data,
     wandb_files,
 )
+from core.record import flatten
 from tests.analysis_fixture import epoch_row, read_by_hand, write_record
 
 
@@ -142,8 +143,10 @@ def test_a_wandb_history_frame_converts_to_the_same_frames(analysis_runs):
     run_id = str(record["dir"].relative_to(analysis_runs))
     assert any("ratio/conv1.weight" not in r for r in record["rows"])
     resolved = OmegaConf.to_container(OmegaConf.load(record["dir"] / ".hydra/config.yaml"),
-                                      resolve=True)  # what run.py gives wandb.init
-    config = {"_wandb": {"runtime": 3}, **resolved}
+                                      resolve=True)
+    start = {k: v for k, v in record["summary"]["provenance"].items() if k != "epoch"}
+    config = {"_wandb": {"runtime": 3},  # what run.py gives wandb.init
+              **flatten({**resolved, "provenance": start})}
     run = WandbRun("abc123", "team/project/abc123", config, _history_frame(record["rows"]),
                    "finished", 7.0)
     converted = frames([to_run_data(run)])

@@ -100,6 +100,13 @@ def test_wandb_configs_give_the_same_provenance_as_the_records(tmp_path):
         assert not any(c.startswith("provenance") for c in to_run_data(run).config)
         assert wandb.runs.iloc[0][STARTS] == records.runs.iloc[0][STARTS] == \
             (("0f1e2d3c4b5a", "111111111111+dirty d1ffd1ff", 0),)
+    # a W&B run without provenance (logged before it existed): the differences, not a crash
+    bare = frames([to_run_data(WandbRun("s0", "p", flatten(config), history, "finished"))])
+    bare.runs["run_id"] = bare.epochs["run_id"] = "s0"
+    diffs = compare(records, bare).set_index("what")
+    assert diffs.at["provenance.fingerprint", "b"] == "unknown"
+    assert diffs.at["provenance.cpu.isa", "a"] == "AVX2"
+    assert pd.isna(diffs.at["provenance.cpu.isa", "b"])
     # a resumed run's W&B files: one start each, dated by the first epoch it logged
     first = WandbRun("a", "p", flatten({**config, "provenance": provenance(MACHINE_A)}),
                      history.iloc[:1], "failed")

@@ -4,6 +4,7 @@ against the sweeps that must run its cells, and the scorecard on hand-written ru
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -172,13 +173,16 @@ def test_a_malformed_claim_is_one_line_naming_the_field(tmp_path, change, messag
     assert str(path) in str(error.value)
 
 
-def test_two_claims_with_one_id_are_refused(tmp_path):
+def test_two_claims_with_one_id_or_another_version_are_refused(tmp_path):
     claim = {"id": "t.x", "claim": "c", "sweep": "table1", "model": "resnet18", "a": "rank1",
              "metric": "final", "effect": "difference", "direction": "<", "bound": 0,
              "source": "s"}
     path = tmp_path / "claims.yaml"
     path.write_text(yaml.safe_dump({"claims": [claim, claim]}))
     with pytest.raises(ConfigError, match="id 't.x' appears twice"):
+        verdicts.load_claims(path)
+    path.write_text(yaml.safe_dump({"version": 2, "claims": [claim]}))
+    with pytest.raises(ConfigError, match="version: expected 1 .*, got 2"):
         verdicts.load_claims(path)
 
 
@@ -272,5 +276,9 @@ def test_scorecard_of_real_runs_agrees_with_their_records(analysis_runs, tmp_pat
     half = T_TABLE[1] * statistics.stdev(d) / math.sqrt(2)
     assert (loses["low"], loses["high"]) == pytest.approx(
         (statistics.mean(d) - half, statistics.mean(d) + half), abs=1e-3 * max(1.0, half))
-    assert (loses["fingerprints"], loses["commits"]) == ("unknown", "unknown")  # no provenance
+    summary = json.loads(next(analysis_runs.glob("*/summary.json")).read_text())
+    prov = summary["provenance"]  # every run of the fixture: this machine, this checkout
+    assert loses["fingerprints"] == prov["fingerprint"] and len(prov["fingerprint"]) == 12
+    assert loses["commits"].startswith(prov["git"]["commit"][:12])
+    assert pd.isna(loses["warning"])
     assert set(csv.loc[csv["sweep"] == "table5", "interval"]) == {"none (one seed)"}
