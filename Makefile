@@ -24,17 +24,22 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 	$(if $(SEEDS),seed=$(SEEDS))
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
+# make report / scorecard: SWEEP=, SCALE= (when given), OUT=
+ANALYSIS_ARGS = $(if $(SWEEP),--sweep $(SWEEP)) \
+	$(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
 
-# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale.
-# On 2 CPU ranks, then analysis/claims_<name>.py -> results/claims/<name>/{<name>.png,table.md}:
+# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale,
+# then `python -m analysis.claims <name>` (analysis/claims_<name>.py) -> results/claims/<name>/
+# (its figure, table.md, table.csv). On 2 CPU ranks:
 CLAIMS := residues fig2b overlap batch
 # AdaComp's claims on simulated learners: each run one process of trainer.workers learners
-# (launcher=simulated); figure and table -> results/claims/<name>/ (analysis/claims.py):
+# (launcher=simulated):
 SIM_CLAIMS := learners minibatch
+CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
-.PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
-	bench-numerics \
-	bench-tta plan dashboard reproduce-all bench-simulated-memory claims smoke-gpu \
+.PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
+	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
+	smoke-gpu \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -44,9 +49,11 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each
-	$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
-		VENV_STAMP=$(VENV_STAMP)
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each; then the scorecard of table1's tiny runs (printed, and results/scorecard.*)
+	@$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
+		VENV_STAMP=$(VENV_STAMP); status=$$?; \
+	$(MAKE) --no-print-directory scorecard SWEEP=table1 SCALE=tiny VENV_STAMP=$(VENV_STAMP); \
+	exit $$status
 
 $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
 	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
@@ -55,15 +62,12 @@ reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after anoth
 
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \
-		runs_root=$(RUNS) $(ONLY); status=$$?; $(PY) -m analysis.claims_$* $(RUNS) --scale tiny \
-		--out $(or $(OUT),results/claims/$*); \
-		exit $$status
+		runs_root=$(RUNS) $(ONLY); status=$$?; $(call CLAIM,$*); exit $$status
 
 claims: $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)) ## every claim sweep, one after another
 
 $(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on simulated learners (conf/sweep/claim_%.yaml), then its figure and table -> results/claims/%/
-	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; \
-	$(PY) -m analysis.claims $* $(RUNS)/claim_$*/tiny --out $(or $(OUT),results/claims/$*); \
+	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; $(call CLAIM,$*); \
 	exit $$status
 
 plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
@@ -101,7 +105,10 @@ smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through
 	$(PY) -m benchmarks.smoke_gpu
 
 report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
-	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
+	$(PY) -m analysis.report $(RUNS) $(ANALYSIS_ARGS)
+
+scorecard: $(VENV_STAMP) ## verdicts on the papers' claims (analysis/claims.yaml) from the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/scorecard.{md,html,csv}
+	$(PY) -m analysis.scorecard $(RUNS) $(ANALYSIS_ARGS)
 
 E2E_OUT = results/bench$(if $(filter cuda,$(DEVICE)),/cuda)
 bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) [DEVICE=cuda: 2 GPUs, NCCL] -> $(E2E_OUT)/e2e.*, projection.*
