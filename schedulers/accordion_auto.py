@@ -34,14 +34,17 @@ qualifies: the one of smallest h):
   ordered by the ``noise`` rule's h).
 
 With ``budget`` (a fraction of dense fp32 bits, for either rule) the levels are then made
-heavier until the run's payload so far plus the next ``interval`` epochs' (at the chosen
-levels, each layer at the endpoint its critical state at the next epoch uses) fits ``budget``
-x the dense bits of the same epochs: first the high levels of the layers outside a critical
-regime, then the low levels of those inside, each move the one whose new level has the
-smallest h. The payload is the probe's own bits plus the uncompressed tensors' and
-each layer's ``bits`` at its level (exact for compressors whose bits follow the level; for
-AdaComp the last measurement's). A budget the heaviest candidates cannot meet leaves them
-heaviest (``auto/over_budget/model`` 1).
+heavier until the payload fits ``budget`` x the dense bits over the run: the payload so far plus
+the planned one, which is, with ``epochs`` (the run's length), the next ``interval`` epochs with
+each layer at the endpoint its critical state at the next epoch uses and every later epoch at
+its low level as often as the layer has been critical so far and at its high level otherwise,
+and without ``epochs`` the next ``interval`` epochs only (a running budget: early critical
+regimes then get less). Moves: first
+the high levels (they serve the non-critical epochs), then the low ones, each the move whose
+new level has the smallest h. The payload is the probe's own bits plus the uncompressed
+tensors' and each layer's ``bits`` at its level (exact for compressors whose bits follow the
+level; for AdaComp the last measurement's). A budget the heaviest candidates cannot meet leaves
+them heaviest (``auto/over_budget/model`` 1).
 
 Logged at the end of measured epochs (``auto/<stat>/<layer>``): ``noise``, ``local_sq``,
 ``corrected_sq``, ``error@<c>``,
@@ -137,23 +140,22 @@ def lightest(stats: LayerStats) -> Candidate:
 
 
 def fit_budget(choice: dict[str, list[Candidate]], stats: dict[str, LayerStats],
-               critical: dict[str, bool], allowance: float) -> bool:
-    """Make levels of ``choice`` (per layer [low, high]) heavier until the bits per step of the
-    levels in use (low where ``critical``) are <= ``allowance``: high levels outside critical
-    regimes first, then low levels inside, each move the one whose new level has the smallest
-    error / noise; then no layer's high is lighter than its low. True if it fits."""
-    total = sum(choice[n][0 if c else 1].bits for n, c in critical.items())
+               weights: dict[str, tuple[float, float]], allowance: float) -> bool:
+    """Make levels of ``choice`` (per layer [low, high]) heavier until sum over layers of
+    ``weights`` (epochs at low, epochs at high) x their bits per step is <= ``allowance``: high
+    levels first (outside critical regimes), then low ones, each move the one whose new level
+    has the smallest h; then no layer's high is lighter than its low. True if it fits."""
+    total = sum(w * choice[n][side].bits for n, ws in weights.items() for side, w in enumerate(ws))
     for side in (1, 0):  # 1: high, used outside critical regimes; 0: low, inside
         while total > allowance:
             moves = []
-            for name, c in critical.items():
-                if c != (side == 0):
-                    continue
+            for name, ws in weights.items():
                 current = choice[name][side]
                 heavier = [x for x in stats[name].candidates if x.bits < current.bits]
-                if heavier:
+                if heavier and ws[side] > 0:
                     step = max(heavier, key=lambda x: (x.bits, -stats[name].harm(x)))
-                    moves.append((stats[name].harm(step), step.bits - current.bits, name, step))
+                    moves.append((stats[name].harm(step), ws[side] * (step.bits - current.bits),
+                                  name, step))
             if not moves:
                 break
             _, saved, name, step = min(moves, key=lambda m: m[:3])
@@ -193,13 +195,15 @@ class Chooser:
     """
 
     def __init__(self, levels: list[Any], rule: str, fraction_low: float,
-                 fraction_high: float, budget: float | None, interval: int) -> None:
+                 fraction_high: float, budget: float | None, interval: int,
+                 epochs: int | None = None) -> None:
         self.levels, self.rule = levels, rule
         self.fraction_low, self.fraction_high = fraction_low, fraction_high
-        self.budget, self.interval = budget, interval
+        self.budget, self.interval, self.epochs = budget, interval, epochs
         self.choices: dict[str, list[Any]] = {}  # layer -> [low, high]
         self.bits: dict[str, list[float]] = {}   # layer -> bits per step of each level
         self.spent = [0.0, 0.0]                  # payload bits, dense bits so far
+        self.critical: dict[str, int] = {}       # layer -> its critical epochs so far
 
     def level(self, layer: str, critical: bool) -> Any:
         """The level ``layer`` runs at (the first candidate before any measurement)."""
@@ -218,16 +222,25 @@ class Chooser:
             self.bits[n][self.levels.index(self.level(n, c))] for n, c in done.critical.items())
         self.spent[0] += steps * payload + probe_bits
         self.spent[1] += done.bits_dense
+        for n, c in done.critical.items():
+            self.critical[n] = self.critical.get(n, 0) + c
         if stats is None:
             return {}
         choice = choose(stats, self.rule, self.fraction_low, self.fraction_high)
         out: dict[str, float] = {}
-        if self.budget is not None:
-            window = self.interval * done.bits_dense  # dense bits until the next choice
-            allowed = self.budget * (self.spent[1] + window) - self.spent[0]
-            allowance = allowed / (window / step_dense) - step_other
-            fits = fit_budget(choice, stats, done.critical_next, allowance)
-            out = {f"auto/allowance/{MODEL}": allowance,
+        window = self.interval if self.epochs is None else min(self.interval,
+                                                               self.epochs - done.epoch - 1)
+        if self.budget is not None and window > 0:
+            rest = 0 if self.epochs is None else self.epochs - done.epoch - 1 - window
+            ahead = window + rest  # epochs left to plan for
+            allowed = self.budget * (self.spent[1] + ahead * done.bits_dense) - self.spent[0]
+            allowance = allowed / steps - ahead * step_other  # compressed layers, step x epoch
+            # the window as the detector decided it, later epochs critical as often as so far
+            share = {n: self.critical.get(n, 0) / (done.epoch + 1) for n in done.critical_next}
+            weights = {n: (window * c + rest * share[n], window * (not c) + rest * (1 - share[n]))
+                       for n, c in done.critical_next.items()}
+            fits = fit_budget(choice, stats, weights, allowance)
+            out = {f"auto/allowance/{MODEL}": allowance / ahead,
                    f"auto/over_budget/{MODEL}": float(not fits)}
         self.choices = {n: [low.level, high.level] for n, (low, high) in choice.items()}
         return out
@@ -235,13 +248,15 @@ class Chooser:
     def state_dict(self) -> dict[str, Any]:
         """Choices, the bits they were measured at, the payload so far."""
         return {"choices": {n: list(p) for n, p in self.choices.items()},
-                "bits": {n: list(b) for n, b in self.bits.items()}, "spent": list(self.spent)}
+                "bits": {n: list(b) for n, b in self.bits.items()}, "spent": list(self.spent),
+                "critical": dict(self.critical)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.choices = {n: list(p) for n, p in state["choices"].items()}
         self.bits = {n: list(b) for n, b in state["bits"].items()}
         self.spent = [float(x) for x in state["spent"]]
+        self.critical = {n: int(c) for n, c in state["critical"].items()}
 
 
 def noise_scale(local_sq: float, mean_sq: float, batch: int, world_size: int
@@ -348,8 +363,9 @@ class AccordionAuto(Scheduler):
 
     def __init__(self, levels: Sequence[Any] | None = None, rule: str = "noise",
                  fraction_low: float = 0.5, fraction_high: float = 1.0,
-                 budget: float | None = None, eta: float = 0.5, interval: int = 10,
-                 probe_steps: int = 4, probe_sample: float = 1 / 16) -> None:
+                 budget: float | None = None, epochs: int | None = None, eta: float = 0.5,
+                 interval: int = 10, probe_steps: int = 4, probe_sample: float = 1 / 16
+                 ) -> None:
         self.levels = as_list(levels, "levels")
         check_choice(rule, "scheduler.rule", RULES)
         check_number(fraction_low, "scheduler.fraction_low", 0, low_open=True)
@@ -359,10 +375,12 @@ class AccordionAuto(Scheduler):
         elif rule == "budget":
             raise ConfigError("scheduler.budget: rule 'budget' needs a budget (a fraction of "
                               "the dense fp32 bits > 0), got null")
+        if epochs is not None:
+            check_int(epochs, "scheduler.epochs")
         self.history = History(eta, interval)
         self.probing = Probing(interval, probe_steps, probe_sample)
         self.chooser = Chooser([], rule, float(fraction_low), float(fraction_high),
-                               None if budget is None else float(budget), interval)
+                               None if budget is None else float(budget), interval, epochs)
         self.layers: list[str] = []
         self.batch = 0
         self._hook: Any = None

@@ -280,16 +280,20 @@ def test_harm_edge_cases():
 def test_budget_moves_high_levels_outside_critical_regimes_first():
     layers = {"a": LAYER, "b": stats(5.0, 10.0, 10.0, [(4, 0.1, 400.0), (2, 0.2, 200.0),
                                                         (1, 0.3, 100.0)])}
-    critical = {"a": False, "b": True}
+    weights = {"a": (0, 1), "b": (1, 0)}  # one epoch ahead: a outside a critical regime, b in
     choice = choose(layers, "budget", 0.1, 1.0)
-    assert fit_budget(choice, layers, critical, 600.0)  # 800 -> 600: a's high to rank 2
+    assert fit_budget(choice, layers, weights, 600.0)  # 800 -> 600: a's high to rank 2
     assert [c.level for c in choice["a"]] == [4, 2] and [c.level for c in choice["b"]] == [4, 4]
     choice = choose(layers, "budget", 0.1, 1.0)
-    assert fit_budget(choice, layers, critical, 300.0)  # a's high to 1, then b's low to 2
+    assert fit_budget(choice, layers, weights, 300.0)  # a's high to 1, then b's low to 2
     assert [c.level for c in choice["a"]] == [4, 1] and [c.level for c in choice["b"]] == [2, 2]
     choice = choose(layers, "budget", 0.1, 1.0)
-    assert not fit_budget(choice, layers, critical, 50.0)  # cannot: everything heaviest
+    assert not fit_budget(choice, layers, weights, 50.0)  # cannot: everything heaviest
     assert [c.level for c in choice["a"]] == [4, 1] and [c.level for c in choice["b"]] == [1, 1]
+    # Later epochs run at the high levels: b's high saves 3 epochs' worth before its low does.
+    choice = choose(layers, "budget", 0.1, 1.0)
+    assert fit_budget(choice, layers, {"a": (0, 4), "b": (1, 3)}, 4 * 400 + 400 + 3 * 200)
+    assert [c.level for c in choice["a"]] == [4, 4] and [c.level for c in choice["b"]] == [4, 2]
 
 
 def test_budget_takes_the_least_harmful_move_first():
@@ -297,7 +301,7 @@ def test_budget_takes_the_least_harmful_move_first():
     layers = {"a": LAYER, "b": stats(5.0, 10.0, 10.0, [(4, 0.1, 400.0), (2, 0.2, 200.0),
                                                         (1, 9.0, 100.0)])}
     choice = choose(layers, "budget", 0.1, 1.0)
-    assert fit_budget(choice, layers, {"a": False, "b": False}, 600.0)
+    assert fit_budget(choice, layers, {"a": (0, 1), "b": (0, 1)}, 600.0)
     assert [c.level for c in choice["a"]] == [4, 4] and [c.level for c in choice["b"]] == [4, 2]
 
 
@@ -328,6 +332,27 @@ def test_chooser_accounts_the_payload_and_its_state_is_plain(tmp_path):
     assert again.state_dict() == chooser.state_dict()
     assert again.level("a", True) == 4 and again.level("a", False) == 2
     assert again.level("b", False) == 4  # never measured: the first candidate
+
+
+def test_chooser_plans_the_budget_over_the_rest_of_the_run():
+    # 6 epochs: after epoch 0 (not critical), 2 epochs of window (critical: at the low level)
+    # and 3 more, critical as often as so far (never): at the high level. Dense 1000 a step, 10
+    # steps an epoch; budget 0.3 of 60 000 = 18 000.
+    chooser = Chooser([4, 2, 1], "budget", 0.5, 1.0, 0.3, interval=2, epochs=6)
+    done = Epoch(0, {"a": False}, {"a": True}, bits_dense=10 * 1000.0)
+    out = chooser.end_epoch(done, {"a": LAYER}, probe_bits=0.0, step_dense=1000.0,
+                            step_other=100.0)
+    # spent 10 x 500 = 5000; left 13 000 = 10 steps x (5 x 100 + 2 x low + 3 x high): low 4,
+    # high 1 (800 + 300 = 1100 > 800): low 2, high 1 (400 + 300 = 700 <= 800)
+    assert out["auto/allowance/model"] == pytest.approx((13_000 / 10 - 500) / 5)
+    assert chooser.choices == {"a": [2, 1]} and out["auto/over_budget/model"] == 0.0
+    # Had epoch 0 been critical, the later 3 would be too (5 epochs at the low level): 1, 1.
+    critical = Chooser([4, 2, 1], "budget", 0.5, 1.0, 0.3, interval=2, epochs=6)
+    critical.end_epoch(Epoch(0, {"a": True}, {"a": True}, 10 * 1000.0), {"a": LAYER}, 0.0,
+                       1000.0, 100.0)
+    assert critical.choices == {"a": [1, 1]}
+    last = Epoch(5, {"a": False}, {"a": False}, bits_dense=10 * 1000.0)
+    assert chooser.end_epoch(last, {"a": LAYER}, 0.0, 1000.0, 100.0) == {}  # nothing ahead
 
 
 # ---- bad input --------------------------------------------------------------------------------
