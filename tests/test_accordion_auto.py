@@ -405,3 +405,58 @@ def test_batch_defaults_double_batch_low():
     s = schedulers.build({"name": "accordion_batch_auto", "batch_low": 32})
     assert s.batches == [32, 64, 128, 256, 512, 1024]
     assert s.batch_sizes(7)["scheduler.batches[5]"] == 1024
+
+
+# ---- the scheduler over every compressor with levels -------------------------------------------
+@pytest.mark.parametrize("name", compression.with_levels())
+def test_every_compressor_with_levels_gets_measured_endpoints(name):
+    # Two simulated learners (AllWorkers, as run.py drives them), interval 1: epoch 0 at the
+    # first candidate; from epoch 1 each layer at a chosen candidate, with why logged.
+    from training.simulated import AllWorkers, WorkerRNG
+
+    compressor = compression.create(name)
+    levels = list(dict.fromkeys(compressor.accordion_levels))
+    net = model()
+    params = list(net.named_parameters())
+    comms = SimComm.group(WORKERS)
+    hook = AllWorkers([HookState(compressor, params, comm=c) for c in comms], WorkerRNG([0, 1]))
+    scheduler = schedulers.build({"name": "accordion_auto", "levels": levels, "interval": 1,
+                                  "probe_steps": 2})
+    scheduler.validate(compressor, 32, WORKERS)
+    grads = local_grads(params, WORKERS, 3)
+    for epoch in range(3):
+        row = scheduler.start_epoch(epoch, hook)
+        scheduler.batch_size(epoch, 32)
+        hook.reset_epoch(epoch)
+        for step in grads:
+            buffers = [g.clone() for g in step]
+            for f in [s.aggregate([n for n, _ in params], views(b, params), b)
+                      for s, b in zip(hook.states, buffers, strict=True)]:
+                f.wait()
+            for s in hook.states:
+                s.step += 1
+        layers = hook.compressed_layers()
+        used = {n: row[f"level/{n}"] for n in layers}
+        assert all(s.layers[n].level == used[n] for s in hook.states for n in layers)
+        if epoch == 0:
+            assert set(used.values()) == {levels[0]}
+        out = scheduler.end_epoch(epoch, hook.grad_norms(), 0.1, 0.1)
+        for n in layers:
+            assert out[f"auto/low/{n}"] in levels and out[f"auto/high/{n}"] in levels
+            assert f"auto/error@{levels[-1]}/{n}" in out and out[f"auto/noise/{n}"] >= 0
+    again = schedulers.build({"name": "accordion_auto", "levels": levels, "interval": 1,
+                              "probe_steps": 2})
+    again.load_state_dict(scheduler.state_dict())
+    assert again.state_dict() == scheduler.state_dict()
+
+
+def test_a_bad_bound_stops_the_run_with_one_line(tmp_path):
+    from tests.conftest import TINY, run_cli
+
+    proc = run_cli([*TINY, "compressor=powersgd", "scheduler=accordion_auto",
+                    "scheduler.levels=[2,0]", "launcher=simulated", "trainer.workers=2",
+                    f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == ("error: scheduler.levels: expected an "
+                                                   "integer >= 1, got 0")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "metrics.jsonl").exists()
