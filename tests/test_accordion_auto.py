@@ -221,27 +221,38 @@ def test_two_gloo_ranks_measure_what_two_simulated_workers_measure():
     assert all(torch.equal(a, b[0]) for a, b in zip(ranks[0][1], outs, strict=True))
 
 
-def test_probe_measures_only_its_epochs_and_steps_and_keeps_its_sums_in_state():
+def _epoch_one(swap_after: int | None) -> tuple[list[NoiseProbe], int]:
+    """Two workers through epoch 0 (not measured) and epoch 1 (its first 2 steps measured);
+    with ``swap_after``, each worker's probe is replaced after that step by a new one loaded
+    from its state_dict (a mid-epoch checkpoint). Returns the probes and epoch 0's steps."""
     grads = local_grads(list(model().named_parameters()), WORKERS, 3)
     probe = NoiseProbe(lambda e: e == 1, 2, [1], sample=1.0)
     states, probes, _ = run_steps(compression.create("powersgd"), grads, probe)
-    assert probes[0].take().steps == 0  # epoch 0: nothing
+    before = probes[0].take().steps
     for s in states:
         s.reset_epoch(1)
-    comms = [s.comm for s in states]
+    params = list(model().named_parameters())
     for step in grads:
-        futures = [s.aggregate([n for n, _ in model().named_parameters()],
-                               views(g.clone(), list(model().named_parameters())), g.clone())
-                   for s, g in zip(states, step, strict=True)]
-        assert all(f.done() for f in futures)
+        for f in [s.aggregate([n for n, _ in params], views(g.clone(), params), g.clone())
+                  for s, g in zip(states, step, strict=True)]:
+            f.wait()
         for s in states:
             s.step += 1
-        if states[0].step == 1:
-            saved = probes[0].state_dict()
-    assert comms[0].bytes_sent > 0
-    resumed = NoiseProbe(lambda e: True, 2, [1], sample=1.0)
-    resumed.load_state_dict(saved)
-    assert resumed.take().steps == 1 and probes[0].take().steps == 2
+        if states[0].step == swap_after:
+            for w, s in enumerate(states):
+                resumed = NoiseProbe(lambda e: e == 1, 2, [1], sample=1.0)
+                resumed.load_state_dict(probes[w].state_dict())
+                s.probes, probes[w] = [resumed], resumed
+    return probes, before
+
+
+def test_probe_measures_only_its_epochs_and_steps_and_resumes_mid_epoch():
+    straight, before = _epoch_one(None)
+    assert before == 0  # epoch 0 is not measured
+    resumed, _ = _epoch_one(1)
+    a, b = straight[0].take(), resumed[0].take()
+    assert a.steps == 2  # the first 2 of 3 steps
+    assert a == b  # the sums carried over the swap, bit for bit
 
 
 # ---- the rules ------------------------------------------------------------------------------
