@@ -35,24 +35,23 @@ qualifies: the one of smallest h):
 
 With ``budget`` (a fraction of dense fp32 bits, for either rule) the levels are then made
 heavier until the payload fits ``budget`` x the dense bits over the run: the payload so far plus
-the planned one, which is, with ``epochs`` (the run's length), the next ``interval`` epochs with
-each layer at the endpoint its critical state at the next epoch uses and every later epoch at
-its low level as often as the layer has been critical so far and at its high level otherwise,
-and without ``epochs`` the next ``interval`` epochs only (a running budget: early critical
-regimes then get less). Moves: first
-the high levels (they serve the non-critical epochs), then the low ones, each the move whose
-new level has the smallest h. The payload is the probe's own bits plus the uncompressed
-tensors' and each layer's ``bits`` at its level (exact for compressors whose bits follow the
-level; for AdaComp the last measurement's). A budget the heaviest candidates cannot meet leaves
-them heaviest (``auto/over_budget/model`` 1).
+the planned one. With ``epochs`` (the run's length) the plan is the next ``interval`` epochs,
+each layer at the endpoint its critical state at the next epoch uses, and every later epoch at
+the layer's low level as often as it has been critical so far, at its high level otherwise;
+without ``epochs`` it is the next ``interval`` epochs only (a running budget: early critical
+regimes then get less). Moves: first the high levels (they serve the non-critical epochs), then
+the low ones, each the move whose new level has the smallest h. The payload is the probe's own
+bits plus the uncompressed tensors' and each layer's ``bits`` at its level (exact for
+compressors whose bits follow the level; for AdaComp the last measurement's). A budget the
+heaviest candidates cannot meet leaves them heaviest (``auto/over_budget/model`` 1).
 
 Logged at the end of measured epochs (``auto/<stat>/<layer>``): ``noise``, ``local_sq``,
-``corrected_sq``, ``error@<c>``,
-``bits@<c>``, the chosen ``low`` and ``high``; for the model ``noise_scale`` (McCandlish et
-al. 2018's B_simple, :func:`noise_scale`), ``grad_sq``, ``trace``, ``probe_bits``,
-``step_dense_bits`` and ``step_other_bits`` (fp32 bits of a step, and of its uncompressed
-tensors), and with a budget ``allowance`` and ``over_budget``. :func:`replay_levels` makes the
-same choices from those logged numbers (offline: other rules, fractions, budgets).
+``corrected_sq``, ``error@<c>``, ``bits@<c>``, the chosen ``low`` and ``high``; for the model
+``noise_scale`` (McCandlish et al. 2018's B_simple, :func:`noise_scale`), ``grad_sq``,
+``trace``, ``probe_bits``, ``step_dense_bits`` and ``step_other_bits`` (fp32 bits of a step,
+and of its uncompressed tensors), and with a budget ``allowance`` and ``over_budget``.
+:func:`replay_levels` makes the same choices from those logged numbers (offline: other rules,
+fractions, budgets).
 """
 
 from __future__ import annotations
@@ -70,10 +69,10 @@ from compression.noise import Measurement, NoiseProbe
 from core.errors import ConfigError, check_choice, check_int, check_number, check_ratio
 from schedulers import register
 from schedulers.accordion import History, is_check_epoch, replay
+from schedulers.accordion_batch import MODEL
 from schedulers.base import Scheduler
 
 RULES = ("noise", "noise_abs", "budget")
-MODEL = "model"
 
 
 def measured_epoch(epoch: int, interval: int) -> bool:
@@ -318,8 +317,11 @@ class Probing:
         return self.probe.state_dict() if self.probe is not None else self._saved
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Restore :meth:`state_dict` (into the probe when it is attached)."""
-        self._saved = state
+        """Restore :meth:`state_dict` (into the probe, or into it once it is attached)."""
+        if self.probe is not None and state is not None:
+            self.probe.load_state_dict(state)
+        else:
+            self._saved = state
 
 
 def check_world(world_size: int, name: str) -> None:

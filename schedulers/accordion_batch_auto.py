@@ -25,14 +25,13 @@ from compression.hook import HookState
 from core.errors import check_int
 from schedulers import register
 from schedulers.accordion_auto import (
-    MODEL,
     Probing,
     as_list,
     check_world,
     measured_epoch,
     model_noise_metrics,
 )
-from schedulers.accordion_batch import AccordionBatch, check_divisible
+from schedulers.accordion_batch import MODEL, AccordionBatch, check_divisible
 
 DOUBLINGS = 6  # default candidates: batch_low x 1, 2, 4, ..., 32
 
