@@ -38,8 +38,8 @@ SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
-	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
-	smoke-gpu \
+	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all reproduce-auto \
+	bench-simulated-memory claims smoke-gpu \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -59,6 +59,10 @@ $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/s
 	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
+
+reproduce-auto: $(VENV_STAMP) ## issue 30: measured endpoints vs hand-picked and fixed (conf/sweep/auto_endpoints.yaml), then results/auto/ (or OUT)
+	@$(RUN_SWEEP) sweep=auto_endpoints $(ONLY); status=$$?; $(PY) -m analysis.auto_endpoints \
+		$(RUNS) --scale $(SCALE) --out $(or $(OUT),results/auto); exit $$status
 
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \

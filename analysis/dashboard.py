@@ -4,7 +4,8 @@ The sweeps log every run to W&B with group = the sweep, job_type = the method, n
 model-method-seed and the flattened config (conf/sweep_runs.yaml), so a workspace can select a
 sweep's runs by their group and group them by ``config.method`` and ``config.variant``. Panels:
 test accuracy (or perplexity) per epoch, cumulative and per-epoch data sent, the per-layer levels
-and Accordion's critical flags, and the batch size and LR.
+and Accordion's critical flags, the endpoints ``accordion_auto`` chose and what it measured, and
+the batch size and LR.
 
     python -m analysis.dashboard table1 [--scale tiny] [--entity E] [--project P]
 
@@ -20,6 +21,7 @@ import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
 EPOCH = "Step"  # run.py logs each epoch's row at step = epoch
+AUTO = "Measured endpoints (scheduler=accordion_auto, accordion_batch_auto)"
 
 SECTIONS: dict[str, list[wr.LinePlot]] = {
     "Test metric": [
@@ -35,6 +37,13 @@ SECTIONS: dict[str, list[wr.LinePlot]] = {
     "Levels and critical regimes": [
         wr.LinePlot(title="level per layer", x=EPOCH, metric_regex="^level/.*"),
         wr.LinePlot(title="critical regime per layer", x=EPOCH, metric_regex="^critical/.*"),
+    ],
+    AUTO: [
+        wr.LinePlot(title="chosen low level per layer", x=EPOCH, metric_regex="^auto/low/.*"),
+        wr.LinePlot(title="chosen high level per layer", x=EPOCH, metric_regex="^auto/high/.*"),
+        wr.LinePlot(title="gradient noise per layer", x=EPOCH, metric_regex="^auto/noise/.*"),
+        wr.LinePlot(title="gradient noise scale B_simple", x=EPOCH,
+                    metric_regex="^auto/noise_scale/model$"),
     ],
     "Batch size and LR": [
         wr.LinePlot(title="global batch size", x=EPOCH, y=["batch_size"]),

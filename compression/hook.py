@@ -13,7 +13,10 @@ For every bucket DDP hands over (while the backward pass goes on), :func:`comm_h
    uncompressed in one all-reduce, the matrix-shaped layers through the compressor, and
    On the steps that ``observe.overlap_epochs`` chooses, an :class:`~compression.overlap.
    OverlapProbe` first gathers every worker's local gradients of the bucket and measures the
-   overlap of their top-k supports (Accordion's Fig. 4a; :mod:`compression.overlap`),
+   overlap of their top-k supports (Accordion's Fig. 4a; :mod:`compression.overlap`). On the
+   steps a :class:`Probe` added with :meth:`HookState.add_probe` chooses, the probe sees the
+   bucket before the compressor changes it and again once it holds the mean (e.g. the gradient
+   noise and compression error of :mod:`compression.noise`),
 3. counts the bits this worker put into its messages (in all, and for the compressed layers by
    type: conv kernels, FC/LSTM matrices) and the time spent compressing and decompressing
    (compute only, not the wait for the network). Counts a compressor keeps on the device
@@ -38,9 +41,9 @@ end of backward.
 """
 
 # No `from __future__ import annotations` here: DDP checks comm_hook's annotations at runtime.
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -99,6 +102,27 @@ class _FiniteChecks:
     checks: int = 0
 
 
+class Probe(Protocol):
+    """A measurement the hook takes on the steps the probe chooses (every rank adds the same
+    probes in the same order, so their collectives line up). Both calls are steps of the
+    bucket's own chain (:mod:`compression.comm`): they may start collectives."""
+
+    def active(self, epoch: int, step: int) -> bool:
+        """Whether step ``step`` (0-based) of ``epoch`` is measured."""
+        ...
+
+    def before(self, state: "HookState", names: list[str], grads: list[torch.Tensor]
+               ) -> Steps[None]:
+        """The bucket's local gradients ``grads`` (of the parameters ``names``), before the
+        compressor reads them or changes any memory; read only."""
+        ...
+
+    def after(self, state: "HookState", names: list[str], grads: list[torch.Tensor]
+              ) -> Steps[None]:
+        """The same tensors once they hold the mean over workers (what the optimizer applies)."""
+        ...
+
+
 class HookState:
     """Everything the hook keeps between steps: layers, memories, the epoch's accounting."""
 
@@ -121,6 +145,7 @@ class HookState:
             self.layers[name] = Layer(name, param.shape, level)
             self._name_of[id(param)] = name
         self._compressed = set(self.compressed_layers())
+        self.probes: list[Probe] = []  # measurements on chosen steps (add_probe)
         if overlap is not None:
             overlap.expect([n for n, layer in self.layers.items() if len(layer.shape) > 1])
         self.grad_sums: dict[str, torch.Tensor] = {}
@@ -154,6 +179,13 @@ class HookState:
                                   f"{sorted(self._compressed)}")
             self.compressor.set_level(self.layers[name],
                                       self.compressor.validate_level(level, f"level/{name}"))
+
+    def add_probe(self, make: Callable[[], Probe]) -> Probe:
+        """Take the measurement ``make()`` on the steps it chooses, from the next step on;
+        returns it (simulated learners: one per learner, learner 0's returned)."""
+        probe = make()
+        self.probes.append(probe)
+        return probe
 
     # ---- accounting ---------------------------------------------------------------------
     def reset_epoch(self, epoch: int | None = None) -> None:
@@ -330,8 +362,10 @@ class HookState:
         self.bits_dense += FP32_BITS * buffer.numel()
         dense, layers, compressed = self.split(names, grads, buffer)
         observe = self.overlap is not None and self.overlap.active(self.epoch, self.step)
+        probes = [p for p in self.probes if p.active(self.epoch, self.step)]
         steps = self._bucket_steps(self._previous, dense, layers, compressed, buffer,
-                                   (names, grads) if observe else None)
+                                   (names, grads) if observe else None,
+                                   (names, grads, probes) if probes else None)
         self._previous = drive(steps, self.timer, self._stream)
         return self._previous
 
@@ -365,13 +399,19 @@ class HookState:
 
     def _bucket_steps(self, previous: Future, dense: list[torch.Tensor], layers: list[Layer],
                       grads: list[torch.Tensor], buffer: torch.Tensor,
-                      observed: tuple[list[str], list[torch.Tensor]] | None = None
+                      observed: tuple[list[str], list[torch.Tensor]] | None = None,
+                      probed: tuple[list[str], list[torch.Tensor], list[Probe]] | None = None
                       ) -> Steps[torch.Tensor]:
         yield Pending(previous)  # start this bucket's collectives after the previous bucket's
         if observed is not None:  # before the compressor overwrites the gradients
             assert self.overlap is not None
             yield from self.overlap.measure(*observed, self.comm)
+        names, bucket, probes = probed or ([], [], [])
+        for probe in probes:
+            yield from probe.before(self, names, bucket)
         sent = yield from aggregate_bucket(self.compressor, dense, layers, grads, self.comm)
+        for probe in probes:
+            yield from probe.after(self, names, bucket)
         self._account(layers, sent)
         return buffer
 

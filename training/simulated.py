@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 from compression.comm import SimComm
-from compression.hook import HookState
+from compression.hook import HookState, Probe
 from compression.overlap import OverlapProbe
 from core import rng
 from core.distributed import DistEnv
@@ -93,6 +93,11 @@ class AllWorkers:
         """Set the levels on every worker, as every rank of a DDP job does."""
         for state in self.states:
             state.set_levels(levels)
+
+    def add_probe(self, make: Callable[[], Probe]) -> Probe:
+        """A probe on every worker, as every rank of a DDP job adds its own (they meet in the
+        probe's collectives); worker 0's is returned (rank 0's results are recorded)."""
+        return [state.add_probe(make) for state in self.states][0]
 
     def reset_epoch(self, epoch: int | None = None) -> None:
         """Start every worker's epoch sums."""
