@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import compression
 from compression import rng
 from compression.base import Layer
 from compression.natural import natural_round
 from compression.qsgd import code_bits, omega_bits
+from compression.table import lines_of_code
+from compression.table import main as table_main
 from core.errors import ConfigError
+from core.ranks import run_ranks
 from tests.conftest import random_steps
+from tests.test_compression_ddp import batch, make_ddp, make_plain, plain
 
 Z = 5.0        # standard errors allowed per element (P(|z| > 5) ~ 6e-7: none of 256 elements)
 DRAWS = 2000   # quantizations per statistical test
@@ -385,6 +391,38 @@ def test_casts_send_the_rounded_mean(name: str) -> None:
         assert torch.equal(out, want) and bits == [16 * 240] * 2
 
 
+def _casts_and_pytorch_hooks(rank: int, world: int) -> dict[str, dict[str, dict]]:
+    """One step's aggregated matrix gradients with our fp16 / bf16 and PyTorch's hooks."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+    out: dict[str, dict[str, dict]] = {}
+    for name, hook in hooks.items():
+        out[name] = {}
+        for which in ("ours", "pytorch"):
+            if which == "ours":
+                model, ddp, _, _ = make_ddp(OmegaConf.create({"name": name}))
+            else:
+                model, ddp, _, _ = make_plain()
+                ddp.register_comm_hook(None, hook)
+            x, y = batch(rank, 0)
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            out[name][which] = plain({n: p.grad for n, p in model.named_parameters()
+                                      if p.ndim > 1})
+    return out
+
+
+@pytest.mark.slow
+def test_casts_equal_pytorch_hooks_in_a_2_rank_run() -> None:
+    # PyTorch casts the bucket whole (biases too); on the matrix-shaped layers ours must give
+    # the same bits: cast, divide by W, all-reduce in 16 bits, cast back.
+    for rank_result in run_ranks(_casts_and_pytorch_hooks, 2):
+        for name, result in rank_result.items():
+            assert result["ours"].keys() == result["pytorch"].keys()
+            for layer, ours in result["ours"].items():
+                assert np.array_equal(ours, result["pytorch"][layer]), (name, layer)
+
+
 # ---- bad levels and parameters: one line naming the field ----------------------------------------
 @pytest.mark.parametrize(("name", "params", "field"), [
     ("qsgd", {"levels": 0}, "compressor.levels"),
@@ -434,3 +472,18 @@ def test_stochastic_state_is_in_the_memory_as_tensors() -> None:
         want = sim.step(steps[2])[0]
         assert torch.equal(restored.step(steps[2])[0], want), name
         assert not torch.equal(blank.step(steps[2])[0], want), name
+
+
+# ---- the Compressors table of docs/compressors.md -----------------------------------------------
+def test_lines_of_code_leave_out_docstrings_comments_and_blanks(tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "m.py"
+    path.write_text('"""Module.\n\nMore."""\n\nimport math  # why\n\n\nclass A:\n    """Doc."""\n'
+                    '\n    # a comment\n    x = """not a\n    docstring"""\n\n    def f(self):\n'
+                    '        """One line."""\n        return math.pi\n')
+    assert lines_of_code(path) == 6  # import, class, x = ... (two lines), def, return
+
+
+@pytest.mark.slow
+def test_the_compressors_table_is_current(capsys: pytest.CaptureFixture) -> None:
+    # The table in docs/compressors.md is what `python -m compression.table` writes now.
+    assert table_main(["--check"]) == 0, capsys.readouterr().err
