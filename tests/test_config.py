@@ -9,6 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import compression
 from core.errors import ConfigError
 from tests.conftest import CONF, TINY, run_cli
 from training.config import validate
@@ -34,8 +35,9 @@ def test_every_option_composes(compose_cfg, group):
 def test_every_compressor_scheduler_pair_composes_and_validates(compose_cfg, tmp_path):
     for comp, sched in itertools.product(options("compressor"), options("scheduler")):
         cfg = compose_cfg(f"compressor={comp}", f"scheduler={sched}", "dataset=digits")
-        if comp == "none" and sched in ("accordion", "accordion_joint"):
-            # No compression, no levels to switch: a clear error, not a silent no-op.
+        fixed = compression.create(cfg.compressor.name).accordion_levels is None
+        if fixed and sched in ("accordion", "accordion_joint"):
+            # No levels to switch (none, the casts, signs, C_nat): a clear error, not a no-op.
             with pytest.raises(ConfigError, match=r"^scheduler\.low: "):
                 validate(cfg, world_size=1, run_dir=tmp_path)
         else:
