@@ -33,7 +33,7 @@ CLAIMS := residues fig2b overlap batch
 SIM_CLAIMS := learners minibatch
 
 .PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
-	bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
+	bench-tta plan dashboard reproduce-all bench-simulated-memory claims reproduce-zoo zoo-sweep \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -51,6 +51,13 @@ $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/s
 	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
+
+reproduce-zoo: $(VENV_STAMP) ## the zoo (conf/sweep/zoo.yaml: every compressor light / heavy / Accordion), then its leaderboard, recovery answers, Pareto figure -> results/zoo/ [OUT=dir]
+	@$(RUN_SWEEP) sweep=zoo $(ONLY); status=$$?; $(PY) -m analysis.zoo report $(RUNS) \
+		--scale $(SCALE) --out $(or $(OUT),results/zoo); exit $$status
+
+zoo-sweep: $(VENV_STAMP) ## rewrite conf/sweep/zoo.yaml from the compressor registry (after adding a compressor)
+	$(PY) -m analysis.zoo sweep
 
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \

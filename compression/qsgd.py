@@ -19,7 +19,8 @@ Bits. ``bits``: the paper's Code_s (Sec. 3.1, bounded in Theorem 3.2): per bucke
 ||v||_2, then per non-zero level one Elias (omega, "recursive") code of its distance from the
 previous non-zero of the bucket (for the first, its position, from 1), a sign bit and the Elias
 code of the level s xi_i. ``wire_bits``: our fixed-length message, per bucket the fp32 norm, per
-element a sign bit and ceil(log2(s + 1)) level bits (bit planes), padded to 32-bit words.
+element a sign bit and ceil(log2(s + 1)) level bits (bit planes, end to end), padded to 32-bit
+words.
 """
 
 from __future__ import annotations
@@ -38,15 +39,23 @@ MAX_LEVELS = 1 << 16
 MAX_BUCKET = 1 << 24
 
 
+def _omega_lengths(top: int) -> list[int]:
+    """Elias omega code lengths of 0 (unused) .. top, by the recursion of :func:`omega_bits`."""
+    lengths = [1, 1]
+    for k in range(2, top + 1):
+        lengths.append(k.bit_length() + lengths[k.bit_length() - 1])
+    return lengths
+
+
+OMEGA = torch.tensor(_omega_lengths(64))  # every length of a digit count - 1 (int64: <= 63)
+
+
 def omega_bits(k: torch.Tensor) -> torch.Tensor:
     """Length of the Elias omega code of each integer k >= 1 (Elias 1975): a final 0, and while
-    k > 1 the binary digits of k, then k = (their count) - 1."""
-    total, k = torch.ones_like(k), k.clone()
-    while bool((k > 1).any()):
-        digits = torch.frexp(k.double()).exponent.long()  # floor(log2 k) + 1
-        total += torch.where(k > 1, digits, 0)
-        k = torch.where(k > 1, digits - 1, 1)
-    return total
+    k > 1 the binary digits of k, then k = (their count) - 1. So for k > 1 it is the digits of
+    k plus the length for (digits - 1), at most 63: one table look-up."""
+    digits = torch.frexp(k.double()).exponent.long()  # floor(log2 k) + 1
+    return torch.where(k > 1, digits + OMEGA.to(k.device)[(digits - 1).clamp_(min=0)], 1)
 
 
 def code_bits(codes: torch.Tensor, bucket: int) -> int:
@@ -83,8 +92,7 @@ class QSGD(rng.Stochastic, GatherCompressor):
 
     def message_size(self, layer: Layer, numel: int) -> int:
         planes = 1 + layer.level.bit_length()  # the sign, then the level's bits
-        return 4 * blocks.count(numel, self._bucket(numel)) + 4 * math.ceil(
-            planes * math.ceil(numel / 8) / 4)
+        return 4 * blocks.count(numel, self._bucket(numel)) + 4 * math.ceil(planes * numel / 32)
 
     def compress(self, layer: Layer, grad: torch.Tensor, message: torch.Tensor) -> int:
         n, s, d = grad.numel(), layer.level, self._bucket(grad.numel())
@@ -97,25 +105,24 @@ class QSGD(rng.Stochastic, GatherCompressor):
         up = torch.rand(n, generator=rng.draw(layer, "rng", grad.device),
                         device=grad.device) < ratio - low               # w.p. s|v_i|/||v|| - l_i
         codes = (low + up).clamp_(max=s).to(torch.int32)                # s xi_i
-        width, planes = math.ceil(n / 8), message[4 * v.shape[0]:]
-        planes[width * (1 + s.bit_length()):].zero_()                   # padding
-        planes[:width] = pack_bits(grad < 0)                            # sgn(v_i)
-        for bit in range(s.bit_length()):
-            planes[width * (1 + bit):width * (2 + bit)] = pack_bits((codes >> bit) & 1 == 1)
+        shifts = torch.arange(s.bit_length(), device=grad.device)[:, None]
+        planes = torch.cat([(grad < 0)[None], (codes >> shifts) & 1 == 1])  # sgn(v_i), bits
+        packed = pack_bits(planes.view(-1))
+        message[4 * v.shape[0]:][:packed.numel()] = packed
+        message[4 * v.shape[0] + packed.numel():].zero_()               # padding
         return 32 * v.shape[0] + code_bits(codes, d)
 
     def decompress(self, layer: Layer, parts: torch.Tensor, out: torch.Tensor) -> None:
         n, s = out.numel(), layer.level
         d = self._bucket(n)
-        count, width = blocks.count(n, d), math.ceil(n / 8)
+        count = blocks.count(n, d)
+        shifts = torch.arange(s.bit_length(), device=out.device)[:, None]
         out.zero_()
         for part in parts:                                              # sum_w Q_s(v_w)
-            planes = part[4 * count:]
-            codes = torch.zeros(n, dtype=torch.int32, device=out.device)
-            for bit in range(s.bit_length()):
-                codes |= unpack_bits(planes[width * (1 + bit):width * (2 + bit)], n).int() << bit
+            planes = unpack_bits(part[4 * count:], (1 + s.bit_length()) * n).view(-1, n)
+            codes = (planes[1:].int() << shifts).sum(0)                 # s xi_i
             value = blocks.spread(part[:4 * count].view(torch.float32) / s, d, n) * codes
-            out.add_(torch.where(unpack_bits(planes[:width], n), -value, value))
+            out.add_(torch.where(planes[0], -value, value))             # sgn(v_i)
         out.div_(parts.shape[0])                                        # / W
 
     def _bucket(self, numel: int) -> int:
