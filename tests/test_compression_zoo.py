@@ -3,10 +3,10 @@ deterministic ones, statistical tests for the stochastic ones.
 
 The contract over the registry (tests/test_compressor_contract.py) already runs each of them in
 a real 2-rank DDP job, through error feedback, checkpoints and level changes. Here: their math.
-The statistical tests draw T quantizations of one fixed gradient (a 1-worker simulation, each
-step the next draw of the layer's stream) and check the mean against the gradient within
-Z standard errors, computed element by element from the exact variance, and the mean squared
-error against its exact value and the paper's bound.
+The statistical tests draw T quantizations of one fixed gradient (one step of a simulation
+whose layer is T copies of it, a row each: each row its own bucket or block) and check their
+mean against the gradient within Z standard errors, computed element by element from the exact
+variance, and the mean squared error against its exact value and the paper's bound.
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ DRAWS = 2000   # quantizations per statistical test
 MSE_TOL = 0.1  # relative tolerance of the mean squared error (its own spread is ~ 3% here)
 
 
-def draws(name: str, g: torch.Tensor, steps: int = DRAWS, **params: object) -> torch.Tensor:
-    """``steps`` outputs of a 1-worker simulation fed the same gradient ``g`` (float64)."""
-    sim = compression.Simulation(name, 1, g.shape, **params)
-    return torch.stack([sim.step([g])[0].double() for _ in range(steps)])
+def draws(name: str, grads: list[torch.Tensor], count: int = DRAWS, **params: object
+          ) -> torch.Tensor:
+    """``count`` independent outputs (float64, one row each) of workers with the gradients
+    ``grads``: one step of a simulation whose layer holds ``count`` copies of each worker's
+    gradient, row after row (a bucket or block of a row's length keeps the rows apart)."""
+    n = grads[0].numel()
+    sim = compression.Simulation(name, len(grads), (count, n), **params)
+    return sim.step([g.reshape(1, n).expand(count, n) for g in grads])[0].double()
 
 
 def assert_unbiased(samples: torch.Tensor, expected: torch.Tensor, variance: torch.Tensor
@@ -69,15 +73,14 @@ def gradient(shape: tuple[int, ...] = (8, 32), seed: int = 0) -> torch.Tensor:
     return g
 
 
-@pytest.mark.parametrize(("name", "params"), [("qsgd", {}), ("terngrad", {"clip": None}),
-                                            ("natural", {})])
+@pytest.mark.parametrize(("name", "params"), [("qsgd", {"bucket_size": 256}), ("natural", {}),
+                                            ("terngrad", {"clip": None, "block_size": 256})])
 def test_workers_draw_independently(name: str, params: dict) -> None:
     # Two workers with the same gradient: their draws are independent (each its own stream), so
     # the mean of their messages has half the squared error of one message.
     g = gradient()
-    one = draws(name, g, steps=500, **params).view(500, -1)
-    sim = compression.Simulation(name, 2, g.shape, **params)
-    two = torch.stack([sim.step([g, g])[0].double().view(-1) for _ in range(500)])
+    one = draws(name, [g], 500, **params)
+    two = draws(name, [g, g], 500, **params)
     flat = g.view(-1).double()
     ratio = float(((two - flat) ** 2).sum(1).mean() / ((one - flat) ** 2).sum(1).mean())
     assert abs(ratio - 0.5) < 0.1, ratio
@@ -125,7 +128,7 @@ def test_qsgd_is_unbiased_within_its_variance_bound(levels: int, bucket: int | N
     ratio = levels * flat.abs() / norms
     p = ratio - ratio.floor()
     variance = (norms / levels) ** 2 * p * (1 - p)
-    samples = draws("qsgd", g, levels=levels, bucket_size=bucket).view(DRAWS, -1)
+    samples = draws("qsgd", [g], levels=levels, bucket_size=d)
     assert_unbiased(samples, flat, variance)
     bound = sum(min(d / levels**2, math.sqrt(d) / levels) * float(v.norm()) ** 2
                 for v in flat.view(-1, d))
@@ -151,10 +154,9 @@ def test_terngrad_is_unbiased_with_the_shared_scaler(block: int | None) -> None:
     # Two workers whose scalers differ: both ternarize with s = max_w s_w (scaler sharing), so
     # Var(out_k) = sum_w (s |g_wk| - g_wk^2) / W^2 and E ||g~_w||^2 = s ||g_w||_1 (Sec. 3).
     g0, g1 = gradient(seed=2), 3 * gradient(seed=3)
-    sim = compression.Simulation("terngrad", 2, g0.shape, block_size=block, clip=None)
-    samples = torch.stack([sim.step([g0, g1])[0].double().view(-1) for _ in range(DRAWS)])
     flats = [g0.view(-1).double(), g1.view(-1).double()]
     d = block or flats[0].numel()
+    samples = draws("terngrad", [g0, g1], block_size=d, clip=None)
     s = torch.maximum(*[f.abs().view(-1, d).amax(1) for f in flats]).repeat_interleave(d)
     variance = sum(s * f.abs() - f**2 for f in flats) / 4
     mean = (flats[0] + flats[1]) / 2
@@ -165,7 +167,7 @@ def test_terngrad_is_unbiased_with_the_shared_scaler(block: int | None) -> None:
 def test_terngrad_clips_to_c_sigma_and_sends_ternary_values() -> None:
     g = gradient()
     g.view(-1)[5] = 40.0  # far beyond 2.5 sigma: clipped
-    out = draws("terngrad", g, steps=50, clip=2.5).view(50, -1)
+    out = draws("terngrad", [g], 50, clip=2.5, block_size=g.numel())  # sigma: of a row too
     bound = 2.5 * float(g.std(correction=0))
     sent = out.abs()[out != 0]
     torch.testing.assert_close(sent, torch.full_like(sent, bound))  # s = max |clipped g| = c sigma
@@ -184,7 +186,7 @@ def test_natural_compression_is_unbiased_within_one_eighth() -> None:
     # Theorem 1: E C_nat(t) = t and E (C_nat(t) - t)^2 <= t^2 / 8.
     g = gradient()
     flat = g.view(-1).double()
-    samples = draws("natural", g).view(DRAWS, -1)
+    samples = draws("natural", [g])
     variance = natural_variance(flat)
     assert_unbiased(samples, flat, variance)
     assert_mse(samples, flat, variance, float(flat @ flat) / 8)
