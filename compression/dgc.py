@@ -58,6 +58,7 @@ class DGC(rng.Stochastic, GatherCompressor):
 
     level_field = "ratio"
     accordion_levels = (0.25, 0.001)  # the warm-up's first level and the final one (Sec. 3.3)
+    streams = {"sample": False}  # the threshold's sample (and C_nat's rounding), per worker
     paper = "Lin et al., ICLR 2018"
     wire = "all-gather: k int32 indices + k fp32 values (natural: 9-bit values)"
 
@@ -100,7 +101,7 @@ class DGC(rng.Stochastic, GatherCompressor):
         if self.momentum:
             u = self._u.buffer(layer, n, grad).mul_(self.momentum).add_(grad)  # u = m u + g
         v = self.memory.compensate(layer, u)                                  # v = v + u
-        gen = rng.draw(layer, "rng", grad.device)
+        gen = rng.draw(layer, "sample", grad.device)
         index = self._select(v.abs(), k, layer.level, gen)                    # S
         values = v[index]
         if self.natural:

@@ -85,7 +85,7 @@ class NaturalCompression(rng.Stochastic, GatherCompressor):
         return size(numel)
 
     def compress(self, layer: Layer, grad: torch.Tensor, message: torch.Tensor) -> int:
-        encode(natural_round(grad, rng.draw(layer, "rng", grad.device)), message)  # C_nat(g)
+        encode(natural_round(grad, rng.draw(layer, "rounding", grad.device)), message)  # C_nat(g)
         return BITS * grad.numel()
 
     def decompress(self, layer: Layer, parts: torch.Tensor, out: torch.Tensor) -> None:

@@ -1,8 +1,8 @@
 """``compressor=onebit``: 1-bit SGD with error feedback.
 
 Seide, Fu, Droppo, Li, Yu, "1-Bit Stochastic Gradient Descent and its Application to
-Data-Parallel Distributed Training of Speech DNNs" (Interspeech 2014), Sec. 3.1 (1-bit
-quantization with error feedback), per block of ``block_size`` elements::
+Data-Parallel Distributed Training of Speech DNNs" (Interspeech 2014): 1-bit quantization
+with error feedback (their Sec. 3), per block of ``block_size`` elements::
 
     acc = g + e                             error feedback: add the last quantization error
     q_i = [acc_i >= 0]                      one bit per element, threshold 0

@@ -102,7 +102,7 @@ class QSGD(rng.Stochastic, GatherCompressor):
         scale = torch.where(norms > 0, s / norms, 0.0)
         ratio = (v.abs() * scale[:, None]).view(-1)[:n]                 # s |v_i| / ||v||_2
         low = ratio.floor()                                             # l_i
-        up = torch.rand(n, generator=rng.draw(layer, "rng", grad.device),
+        up = torch.rand(n, generator=rng.draw(layer, "rounding", grad.device),
                         device=grad.device) < ratio - low               # w.p. s|v_i|/||v|| - l_i
         codes = (low + up).clamp_(max=s).to(torch.int32)                # s xi_i
         shifts = torch.arange(s.bit_length(), device=grad.device)[:, None]

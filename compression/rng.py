@@ -60,9 +60,10 @@ def draw(layer: Layer, name: str, device: torch.device) -> torch.Generator:
 
 class Stochastic:
     """Mixin for a compressor with random streams: ``streams`` maps each stream's name to
-    whether it is shared by every worker; ``seed`` (an instance attribute) seeds them all."""
+    whether it is shared by every worker (default: one of its own per worker, ``rounding``, for
+    stochastic rounding); ``seed`` (an instance attribute) seeds them all."""
 
-    streams: ClassVar[dict[str, bool]] = {"rng": False}
+    streams: ClassVar[dict[str, bool]] = {"rounding": False}
     seed: int
 
     def start_streams(self, layers: list[Layer], comm: Comm) -> None:

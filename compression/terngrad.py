@@ -2,12 +2,12 @@
 
 Wen, Xu, Yan, Wu, Wang, Chen, Li, "TernGrad: Ternary Gradients to Reduce Communication in
 Distributed Deep Learning" (NeurIPS 2017): Algorithm 1 with the ternarize function and scaler
-sharing of Sec. 3 and the layer-wise ternarizing and gradient clipping of Sec. 4. Per layer,
-with its scaler shared per block of ``block_size`` elements (the level; null: the layer, the
-paper's)::
+sharing of Sec. 3, and the two techniques the paper derives from its gradient bound, layer-wise
+ternarizing and gradient clipping. Per layer, with its scaler shared per block of
+``block_size`` elements (the level; null: the layer, the paper's)::
 
-    g = clip(g, -c sigma, c sigma)      Sec. 4, gradient clipping (sigma: the std of the layer's
-                                        g; ``clip``: c, the paper's 2.5; null: no clipping)
+    g = clip(g, -c sigma, c sigma)      gradient clipping (sigma: the std of the layer's g;
+                                        ``clip``: c, the paper's 2.5; null: no clipping)
     s_w = max_{k in block} |g_k|        Sec. 3, ternarize: the scaler ||g||_inf, per block
     s = max_w s_w                       Sec. 3, scaler sharing (an all-gather of the scalers)
     b_k ~ Bernoulli(|g_k| / s)          Sec. 3, ternarize
@@ -81,7 +81,7 @@ class TernGrad(rng.Stochastic, Compressor):
                                       scalers.split(counts), strict=True):
             s = blocks.spread(s, x.level, g.numel())
             p = torch.where(s > 0, g.abs() / s, 0.0)                     # |g_k| / s
-            gen = rng.draw(x, "rng", g.device)
+            gen = rng.draw(x, "rounding", g.device)
             b = torch.rand(g.numel(), generator=gen, device=g.device) < p  # b_k ~ Bernoulli
             message[at:at + width] = pack_bits(b)
             message[at + width:at + 2 * width] = pack_bits(g < 0)
