@@ -19,8 +19,8 @@ Bits. ``bits``: the paper's Code_s (Sec. 3.1, bounded in Theorem 3.2): per bucke
 ||v||_2, then per non-zero level one Elias (omega, "recursive") code of its distance from the
 previous non-zero of the bucket (for the first, its position, from 1), a sign bit and the Elias
 code of the level s xi_i. ``wire_bits``: our fixed-length message, per bucket the fp32 norm, per
-element a sign bit and ceil(log2(s + 1)) level bits (bit planes, end to end), padded to 32-bit
-words.
+element a sign bit and ceil(log2(s + 1)) level bits (bit planes, each in whole bytes),
+padded to 32-bit words.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ class QSGD(rng.Stochastic, GatherCompressor):
 
     def message_size(self, layer: Layer, numel: int) -> int:
         planes = 1 + layer.level.bit_length()  # the sign, then the level's bits
-        return 4 * blocks.count(numel, self._bucket(numel)) + 4 * math.ceil(planes * numel / 32)
+        return 4 * blocks.count(numel, self._bucket(numel)) + 4 * math.ceil(
+            planes * math.ceil(numel / 8) / 4)
 
     def compress(self, layer: Layer, grad: torch.Tensor, message: torch.Tensor) -> int:
         n, s, d = grad.numel(), layer.level, self._bucket(grad.numel())
@@ -105,24 +106,27 @@ class QSGD(rng.Stochastic, GatherCompressor):
         up = torch.rand(n, generator=rng.draw(layer, "rounding", grad.device),
                         device=grad.device) < ratio - low               # w.p. s|v_i|/||v|| - l_i
         codes = (low + up).clamp_(max=s).to(torch.int32)                # s xi_i
-        shifts = torch.arange(s.bit_length(), device=grad.device)[:, None]
-        planes = torch.cat([(grad < 0)[None], (codes >> shifts) & 1 == 1])  # sgn(v_i), bits
-        packed = pack_bits(planes.view(-1))
-        message[4 * v.shape[0]:][:packed.numel()] = packed
-        message[4 * v.shape[0] + packed.numel():].zero_()               # padding
+        width, planes = math.ceil(n / 8), message[4 * v.shape[0]:]
+        planes[width * (1 + s.bit_length()):].zero_()                   # padding
+        planes[:width] = pack_bits(grad < 0)                            # sgn(v_i)
+        for bit in range(s.bit_length()):                               # the level, bit by bit
+            planes[width * (1 + bit):width * (2 + bit)] = pack_bits((codes >> bit) & 1 == 1)
         return 32 * v.shape[0] + code_bits(codes, d)
 
     def decompress(self, layer: Layer, parts: torch.Tensor, out: torch.Tensor) -> None:
         n, s = out.numel(), layer.level
         d = self._bucket(n)
-        count = blocks.count(n, d)
-        shifts = torch.arange(s.bit_length(), device=out.device)[:, None]
+        count, width = blocks.count(n, d), math.ceil(n / 8)
+        codes = torch.empty(n, dtype=torch.int32, device=out.device)
         out.zero_()
         for part in parts:                                              # sum_w Q_s(v_w)
-            planes = unpack_bits(part[4 * count:], (1 + s.bit_length()) * n).view(-1, n)
-            codes = (planes[1:].int() << shifts).sum(0)                 # s xi_i
+            planes = part[4 * count:]
+            codes.zero_()
+            for bit in range(s.bit_length()):                           # s xi_i
+                codes.bitwise_or_(unpack_bits(planes[width * (1 + bit):width * (2 + bit)],
+                                              n).int() << bit)
             value = blocks.spread(part[:4 * count].view(torch.float32) / s, d, n) * codes
-            out.add_(torch.where(planes[0], -value, value))             # sgn(v_i)
+            out.add_(torch.where(unpack_bits(planes[:width], n), -value, value))  # sgn(v_i)
         out.div_(parts.shape[0])                                        # / W
 
     def _bucket(self, numel: int) -> int:
