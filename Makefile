@@ -38,8 +38,8 @@ SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
-	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all reproduce-auto \
-	bench-simulated-memory claims smoke-gpu \
+	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
+	zoo-sweep bench-simulated-memory claims smoke-gpu \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -63,6 +63,13 @@ reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after anoth
 reproduce-auto: $(VENV_STAMP) ## issue 30: measured endpoints vs hand-picked and fixed (conf/sweep/auto_endpoints.yaml), then results/auto/ (or OUT)
 	@$(RUN_SWEEP) sweep=auto_endpoints $(ONLY); status=$$?; $(PY) -m analysis.auto_endpoints \
 		$(RUNS) --scale $(SCALE) --out $(or $(OUT),results/auto); exit $$status
+
+reproduce-zoo: $(VENV_STAMP) ## the zoo (conf/sweep/zoo.yaml: every compressor light / heavy / Accordion), then its leaderboard, recovery answers, Pareto figure -> results/zoo/ [OUT=dir]
+	@$(RUN_SWEEP) sweep=zoo $(ONLY); status=$$?; $(PY) -m analysis.zoo report $(RUNS) \
+		--scale $(SCALE) --out $(or $(OUT),results/zoo); exit $$status
+
+zoo-sweep: $(VENV_STAMP) ## rewrite conf/sweep/zoo.yaml from the compressor registry (after adding a compressor)
+	$(PY) -m analysis.zoo sweep
 
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \

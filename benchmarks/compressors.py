@@ -15,6 +15,8 @@
    stricter one).
 2. Step time of a 2-process DDP ResNet-18 with ``compressor=none`` against DDP's built-in
    all-reduce (no hook).
+3. The zoo's compressors (issue 26), each at its light and heavy level beside its nearest peer
+   (:mod:`benchmarks.compressor_peers`: PyTorch's fp16 / bf16 hooks, else plain torch).
 
 Timings are medians over repeats; the methods are interleaved within every repeat, so the
 machine's noise hits them alike. Targets: AdaComp <= 3x a memory pass, our Top-K <= 1.0x the
@@ -46,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 import models
+from benchmarks.compressor_peers import add_zoo
 from compression.comm import drive, timer_for
 from compression.hook import aggregate_bucket, comm_hook
 from core.ranks import run_ranks
@@ -92,11 +95,12 @@ class Bucket:
         self._buffer.copy_(self.saved)
 
 
-def resnet18_buckets(batch: int = 16, device: torch.device = CPU
+def resnet18_buckets(batch: int = 16, device: torch.device = CPU, **keys: Any
                      ) -> tuple[nn.Module, list[Bucket]]:
-    """ResNet-18 (CIFAR) with the gradients of one backward pass, bucketed like DDP."""
+    """ResNet-18 (CIFAR; ``keys``: other model keys, e.g. ``width``) with the gradients of one
+    backward pass, bucketed like DDP."""
     torch.manual_seed(0)
-    model = models.build("resnet18", num_classes=10).to(device)
+    model = models.build("resnet18", num_classes=10, **keys).to(device)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     x, y = x.to(device), y.to(device)
     nn.functional.cross_entropy(model(x), y).backward()
@@ -278,6 +282,7 @@ def compressor_methods(model: nn.Module, buckets: list[Bucket]
                                 fc_bin_size=fc, soft_threshold=soft)
             add(key, "ours adacomp" + ("" if soft else " (hard LS)"), f"L_T {conv}/{fc}",
                 target="<= 3x clone" if soft else "")
+    add_zoo(methods, rows, lambda name, **params: Ours(name, model, buckets, **params), buckets)
     return methods, rows
 
 

@@ -102,6 +102,8 @@ class AdaComp(Compressor):
 
     level_field = "bin_size"
     accordion_levels = (50, 500)  # ours: the paper's conv bin vs its FC bin (no paper tried it)
+    paper = "Chen et al., AAAI 2018"
+    wire = "all-gather: fp32 scale + 2 bits (sent, sign) per element"
 
     def __init__(self, conv_bin_size: int = 50, fc_bin_size: int = 500,
                  soft_threshold: bool = True) -> None:

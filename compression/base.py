@@ -70,6 +70,8 @@ class Compressor:
     compresses: ClassVar[bool] = True
     level_field: ClassVar[str] = "level"  # the config key that sets every layer's default level
     accordion_levels: ClassVar[tuple[Any, Any] | None] = None  # Accordion's default (low, high)
+    paper: ClassVar[str] = ""  # where the algorithm is from (the Compressors table)
+    wire: ClassVar[str] = ""   # our message format: collective and contents (the same table)
     memory: ErrorFeedback = ErrorFeedback(enabled=False)  # error feedback (none by default)
 
     def default_level(self, shape: torch.Size) -> Any:

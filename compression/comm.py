@@ -48,6 +48,7 @@ class Comm(Protocol):
     """The two collectives compressors use. Every worker must call them in the same order."""
 
     world_size: int
+    rank: int  # this worker's index in 0 .. world_size - 1 (its stream of random numbers)
     # True where every worker's all-gather result is one tensor (simulated workers in one
     # process): a caller then passes no output buffer of its own and only reads the result.
     shares_gather: bool
@@ -70,6 +71,7 @@ class GroupComm:
     def __init__(self, group: ProcessGroup | None = None) -> None:
         self.group = group
         self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
 
     def all_reduce(self, tensor: torch.Tensor) -> Pending:
         work = dist.all_reduce(tensor, group=self.group, async_op=True)

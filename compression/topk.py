@@ -128,6 +128,8 @@ class TopK(GatherCompressor):
     level_field = "ratio"
     accordion_levels = (0.99, 0.10)  # Accordion's CIFAR-10 pair (CIFAR-100: 0.25, LSTM: 0.02)
     message_dtype = torch.int32      # fp32 values (as their bits) and int32 indices
+    paper = "Aji & Heafield, EMNLP 2017"
+    wire = "all-gather: k fp32 values + k int32 indices"
 
     def __init__(self, ratio: float = 0.1, error_feedback: bool = True,
                  reduce: str = "mean") -> None:

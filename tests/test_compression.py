@@ -361,7 +361,7 @@ def test_powersgd_pointless_layer_goes_dense_and_says_so_once(
     ("ef_signsgd", {"block_size": 0}, "compressor.block_size"),
     ("ef_signsgd", {"error_feedback": "true"}, "compressor.error_feedback"),
     ("topk", {"rank": 2}, "compressor.rank"),
-    ("qsgd", {}, "compressor.name"),
+    ("nonesuch", {}, "compressor.name"),
 ])
 def test_bad_config_names_the_field(name: str, params: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=f"^{field}: "):

@@ -10,6 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+import compression
 from core.errors import ConfigError
 from tests.conftest import CONF, TINY, run_cli
 from training.config import validate
@@ -37,8 +38,9 @@ def test_every_compressor_scheduler_pair_composes_and_validates(compose_cfg, tmp
         cfg = compose_cfg(f"compressor={comp}", f"scheduler={sched}", "dataset=digits")
         # The measured endpoints need >= 2 workers to measure the noise between.
         world = 2 if sched.endswith("_auto") else 1
-        if comp == "none" and sched in ("accordion", "accordion_joint", "accordion_auto"):
-            # No compression, no levels to switch: a clear error, not a silent no-op.
+        fixed = compression.create(cfg.compressor.name).accordion_levels is None
+        if fixed and sched in ("accordion", "accordion_joint", "accordion_auto"):
+            # No levels to switch (none, the casts, signs, C_nat): a clear error, not a no-op.
             with pytest.raises(ConfigError, match=r"^scheduler\.(low|levels): "):
                 validate(cfg, world_size=world, run_dir=tmp_path)
         else:

@@ -80,7 +80,9 @@ KINDS = {
     "dataset.smooth": "int?", "dataset.label_noise": "float", "scheduler.levels": "list_float?",
     "scheduler.batch_sizes": "list_int?", "scheduler.base_batch": "int?", "optimizer.eps": "float",
     "optimizer.betas": "list_float", "logger.tags": "list_str",
-    "trainer.workers": "int?",
+    "trainer.workers": "int?", "compressor.bucket_size": "int?", "compressor.clip": "float?",
+    "compressor.clip_norm": "float?", "compressor.momentum": "float",
+    "compressor.sample_ratio": "float",
 }
 CHOICE_FIELDS = ("trainer.device", "trainer.progress", "logger.mode", "compressor.reduce",
                  "scheduler.lr_scaling", "dataset.eval_split", "model.classifier", "dataset.task")
@@ -116,6 +118,9 @@ RANGES = {
     "dataset.modes": (1, None), "dataset.shift": (0, None), "dataset.smooth": (1, None),
     "dataset.label_noise": (0.0, 1.0), "optimizer.schedule.lag": (0, None),
     "scheduler.base_batch": (1, None), "optimizer.eps": (0.0, None, True),
+    "compressor.levels": (1, 1 << 16), "compressor.bucket_size": (1, 1 << 24),
+    "compressor.clip": (0.0, None, True), "compressor.clip_norm": (0.0, None, True),
+    "compressor.momentum": (0.0, 1.0, False, True), "compressor.sample_ratio": (0.0, 1.0, True),
 }
 FIELD_LINE = re.compile(r"^[A-Za-z_][\w.]*(\[\d+\])?: \S")  # "trainer.epochs: expected ..."
 
