@@ -65,8 +65,8 @@ $(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on 
 	$(PY) -m analysis.claims $* $(RUNS)/claim_$*/tiny --out $(or $(OUT),results/claims/$*); \
 	exit $$status
 
-plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
-	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true
+plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute) [SHOW=config|diff: each run's resolved config, or its diff against the defaults]
+	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true $(if $(SHOW),hydra.sweeper.show=$(SHOW))
 
 dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs (needs WANDB_API_KEY, online)
 	$(PY) -m analysis.dashboard $(SWEEP) $(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
