@@ -24,6 +24,9 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 	$(if $(SEEDS),seed=$(SEEDS))
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
+# After a sweep: its analysis ($(1)), unless the sweep refused its input before starting anything
+# (exit status 2: bad config or missing data, said in one line), then the sweep's exit status.
+AFTER_SWEEP = status=$$?; if [ $$status -ne 2 ]; then $(1); fi; exit $$status
 
 # The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale.
 # On 2 CPU ranks, then analysis/claims_<name>.py -> results/claims/<name>/{<name>.png,table.md}:
@@ -48,28 +51,27 @@ demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accor
 		VENV_STAMP=$(VENV_STAMP)
 
 $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
-	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
+	@$(RUN_SWEEP) sweep=$* $(ONLY); $(call AFTER_SWEEP,$(call REPORT,$*))
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
 
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \
-		runs_root=$(RUNS) $(ONLY); status=$$?; $(PY) -m analysis.claims_$* $(RUNS) --scale tiny \
-		--out $(or $(OUT),results/claims/$*); \
-		exit $$status
+		runs_root=$(RUNS) $(ONLY); $(call AFTER_SWEEP,$(PY) -m analysis.claims_$* $(RUNS) \
+		--scale tiny --out $(or $(OUT),results/claims/$*))
 
 claims: $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)) ## every claim sweep, one after another
 
 $(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on simulated learners (conf/sweep/claim_%.yaml), then its figure and table -> results/claims/%/
-	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; \
-	$(PY) -m analysis.claims $* $(RUNS)/claim_$*/tiny --out $(or $(OUT),results/claims/$*); \
-	exit $$status
+	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); $(call AFTER_SWEEP,$(PY) -m \
+		analysis.claims $* $(RUNS)/claim_$*/tiny --out $(or $(OUT),results/claims/$*))
 
 plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute) [SHOW=config|diff: each run's resolved config, or its diff against the defaults]
 	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true $(if $(SHOW),hydra.sweeper.show=$(SHOW))
 
-dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs (needs WANDB_API_KEY, online)
-	$(PY) -m analysis.dashboard $(SWEEP) $(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
+dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs [SCALE=tiny] (needs WANDB_API_KEY, online)
+	@$(PY) -m analysis.dashboard $(SWEEP) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) \
+		$(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
 
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 	$(PY) -m ruff check .

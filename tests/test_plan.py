@@ -142,3 +142,16 @@ def test_sweep_dump_writes_every_scale(tmp_path):
     runs = OmegaConf.load(tmp_path / "claim_overlap-tiny.yaml").runs
     assert len(runs) == 2 and runs[0].run_dir.endswith("/seed0")
     assert runs[0].config.sweep == "claim_overlap" and "hydra" not in runs[0].config
+
+
+@pytest.mark.slow
+def test_make_reproduce_without_the_data_prints_only_the_dataset_line(tmp_path):
+    # The sweep refuses (exit status 2) before it starts anything; its report is not run.
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "reproduce-table1",
+                           f"DATA_ROOT={tmp_path / 'data'}", f"RUNS={tmp_path / 'runs'}",
+                           "ONLY=model=resnet18 seed=0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if not x.startswith("make: ***")]
+    assert line.startswith("error: dataset.root: ") and "cifar-10-batches-py" in line
+    assert proc.stdout.startswith("sweep table1 (paper scale): 4 runs: ")
