@@ -9,7 +9,8 @@ export WANDB_MODE ?= offline
 # Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|submitit_local,
 # SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
 # ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go),
-# OUT=folder (make claim-<name>: its figure and table; default results/claims/<name>).
+# OUT=folder (its report, or make claim-<name>'s figure and table; default results/<sweep>/,
+# results/claims/<name>/).
 SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp ablation_ef
 SCALE ?= paper
 LAUNCHER ?= local
@@ -22,8 +23,8 @@ WORKERS_KEY = $(if $(filter local,$(LAUNCHER)),nproc_per_node,tasks_per_node)
 RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SCALE) \
 	launcher=$(LAUNCHER) hydra.launcher.$(WORKERS_KEY)=$(WORKERS) runs_root=$(RUNS) \
 	$(if $(SEEDS),seed=$(SEEDS))
-# The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
-REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
+# The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/ (or OUT=dir)
+REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE) $(if $(OUT),--out $(OUT))
 # After a sweep: its analysis ($(1)), unless the sweep refused its input before starting anything
 # (exit status 2: bad config or missing data, said in one line), then the sweep's exit status.
 AFTER_SWEEP = status=$$?; if [ $$status -ne 2 ]; then $(1); fi; exit $$status
@@ -35,7 +36,7 @@ CLAIMS := residues fig2b overlap batch
 # (launcher=simulated); figure and table -> results/claims/<name>/ (analysis/claims.py):
 SIM_CLAIMS := learners minibatch
 
-.PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
+.PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e docs \
 	bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
@@ -46,9 +47,9 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/
 	$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
-		VENV_STAMP=$(VENV_STAMP)
+		OUT=results/demo VENV_STAMP=$(VENV_STAMP)
 
 $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
 	@$(RUN_SWEEP) sweep=$* $(ONLY); $(call AFTER_SWEEP,$(call REPORT,$*))
@@ -72,6 +73,18 @@ plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete 
 dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs [SCALE=tiny] (needs WANDB_API_KEY, online)
 	@$(PY) -m analysis.dashboard $(SWEEP) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) \
 		$(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
+
+DOCS_STAMP := .venv/.docs-installed
+
+$(DOCS_STAMP): $(VENV_STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/config-reference.md and the results blocks, then mkdocs (strict: a warning fails it)
+	$(PY) -m tools.config_reference
+	$(PY) -m tools.docs refresh
+	$(PY) -m tools.docs stage build/docs-src
+	$(PY) -m mkdocs build --strict --quiet
 
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 	$(PY) -m ruff check .
