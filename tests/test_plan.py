@@ -4,6 +4,7 @@ Hydra's own composition, each run's resolved config or its diff against the defa
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -155,3 +156,20 @@ def test_make_reproduce_without_the_data_prints_only_the_dataset_line(tmp_path):
     (line,) = [x for x in proc.stderr.splitlines() if not x.startswith("make: ***")]
     assert line.startswith("error: dataset.root: ") and "cifar-10-batches-py" in line
     assert proc.stdout.startswith("sweep table1 (paper scale): 4 runs: ")
+
+
+def test_forward_flops_are_counted_once_and_kept(compose_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = compose_cfg("model=resnet18", "model.width=8", "dataset=digits")
+    counted = sweeps._forward_flops(cfg)
+    path = sweeps.flops_cache()
+    assert path.parent == tmp_path / "accordion-bench"
+    (key, value), = json.loads(path.read_text()).items()
+    assert value == counted > 0
+    path.write_text(json.dumps({key: 123.0}))  # what is kept is what a plan uses
+    assert sweeps._forward_flops(cfg) == 123.0
+    wider = compose_cfg("model=resnet18", "model.width=16", "dataset=digits")
+    assert sweeps._forward_flops(wider) > counted  # another model, another entry
+    assert len(json.loads(path.read_text())) == 2
+    path.write_text("{not json")
+    assert sweeps._forward_flops(cfg) == counted  # a corrupt file is counted anew

@@ -23,9 +23,13 @@ Hydra applies after composing, and are applied the same way to a copy.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
 import itertools
 import json
+import os
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import data
 import models
+from compression._native import cache_dir
 from core.errors import ConfigError
 from core.record import flatten
 from training import runs
@@ -275,20 +280,61 @@ def run_flops(cfg: DictConfig, cache: dict[str, float] | None = None) -> float:
 
 
 def _forward_flops(cfg: DictConfig) -> float:
-    """FLOPs of one example's forward pass (one token's, for language models)."""
+    """FLOPs of one example's forward pass (one token's, for language models), kept in
+    :func:`flops_cache` across plans: counting them imports torch._dynamo (FlopCounterMode is a
+    dispatch mode), about a second of every plan otherwise."""
     kwargs = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(kwargs, dict)
+    language = cfg.dataset.task == "language_model"
+    shape = [int(cfg.dataset.bptt)] if language else list(cfg.dataset.input_shape)
+    key = hashlib.sha256(json.dumps([torch.__version__, _models_digest(), kwargs, language, shape],
+                                    sort_keys=True, default=str).encode()).hexdigest()
+    known = _read_flops_cache()
+    if key not in known:
+        known[key] = _count_flops(kwargs, language, shape)
+        _write_flops_cache(known)
+    return known[key]
+
+
+def _count_flops(kwargs: dict[str, Any], language: bool, shape: list[int]) -> float:
     with torch.device("meta"):
-        model = models.build(**kwargs)  # type: ignore[arg-type]
-        if cfg.dataset.task == "language_model":
-            steps = int(cfg.dataset.bptt)
-            x = torch.zeros(1, steps, dtype=torch.long)
-        else:
-            steps = 1
-            x = torch.empty(1, *cfg.dataset.input_shape)
+        model = models.build(**kwargs)
+        x = torch.zeros(1, *shape, dtype=torch.long) if language else torch.empty(1, *shape)
     with FlopCounterMode(display=False) as counter:
         model(x)
-    return counter.get_total_flops() / steps
+    return counter.get_total_flops() / (shape[0] if language else 1)
+
+
+def _models_digest() -> str:
+    """A hash of the models' sources: a cached count stands only for the code that made it."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(models.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def flops_cache() -> Path:
+    """The file of forward FLOPs counted so far, beside the C kernels' builds (keyed by the
+    torch version, the models' sources, the model's config and the input's shape)."""
+    return cache_dir() / "flops.json"
+
+
+def _read_flops_cache() -> dict[str, float]:
+    try:
+        known = json.loads(flops_cache().read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _write_flops_cache(known: dict[str, float]) -> None:
+    """Best effort, atomically (a plan beside another may write at the same time)."""
+    path = flops_cache()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as tmp:
+            json.dump(known, tmp)
+        os.replace(tmp.name, path)
 
 
 def _sizes(dataset: DictConfig) -> tuple[int, int]:
