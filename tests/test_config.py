@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
 from tests.conftest import CONF, TINY, run_cli
@@ -162,6 +163,46 @@ def test_slurm_launcher_composes_submitit(tmp_path):
         cfg = compose("config", overrides=["launcher=slurm"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
     assert cfg.hydra.launcher.tasks_per_node == 4
+
+
+def launcher(*overrides: str) -> DictConfig:
+    """The ``hydra.launcher`` node a sweep with ``overrides`` hands to its launcher."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True
+                       ).hydra.launcher
+
+
+def test_submitit_local_gives_each_task_a_gpu():
+    # Unset, submitit's local executor exports an empty CUDA_VISIBLE_DEVICES: runs on the CPU.
+    assert launcher("launcher=submitit_local").gpus_per_node == 2
+    node = launcher("launcher=submitit_local", "hydra.launcher.tasks_per_node=4")
+    assert node.tasks_per_node == node.gpus_per_node == 4
+    assert launcher("launcher=slurm").gpus_per_node == 4  # the same rule on Slurm
+
+
+def _visible_gpus() -> str:
+    return os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+@pytest.mark.slow
+def test_submitit_local_tasks_see_one_gpu_each(tmp_path):
+    # What submitit's local executor (as hydra-submitit-launcher sets it up from the launcher
+    # node) exports to every task of a 2-task job: the first 2 GPUs, not none.
+    import submitit
+
+    node = launcher("launcher=submitit_local")
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="local")
+    executor.update_parameters(**{k: node[k] for k in ("tasks_per_node", "gpus_per_node",
+                                                       "timeout_min")})
+    assert executor.submit(_visible_gpus).results() == ["0,1", "0,1"]
+
+
+def test_paper_scale_does_not_ask_for_deterministic_algorithms(compose_cfg):
+    # conf/scale/paper.yaml says why; tiny scale (CPU) keeps bit-exact runs
+    paper = compose_cfg("sweep=table1", "benchmark=cifar10", "scale=paper")
+    assert paper.trainer.deterministic is False and paper.trainer.num_workers is None
+    tiny = compose_cfg("sweep=table1", "benchmark=cifar10", "scale=tiny")
+    assert tiny.trainer.deterministic is True and compose_cfg().trainer.deterministic is True
 
 
 def test_every_planned_batch_is_checked_against_the_data(compose_cfg, tmp_path):

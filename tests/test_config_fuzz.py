@@ -66,6 +66,7 @@ COMPANIONS = {
 # Fields whose default is null or whose type the default does not tell: their kind.
 KINDS = {
     "trainer.micro_batch_size": "int?", "trainer.grad_clip": "float?", "dataset.subset": "int?",
+    "trainer.num_workers": "int?",
     "dataset.root": "str?", "compressor.block_size": "int?", "logger.entity": "str?",
     "logger.run_name": "str?", "logger.group": "str?", "logger.job_type": "str?",
     "trainer.dist_timeout_s": "float", "trainer.bucket_cap_mb": "float",
@@ -83,7 +84,7 @@ KINDS = {
 }
 CHOICE_FIELDS = ("trainer.device", "trainer.progress", "logger.mode", "compressor.reduce",
                  "scheduler.lr_scaling", "dataset.eval_split", "model.classifier", "dataset.task")
-# Allowed ranges, as the README and the config files state them: (low, high, low_open,
+# Allowed ranges, as the docs and the config files state them: (low, high, low_open,
 # high_open); None = unbounded. Integer fields list their bounds as integers.
 RANGES = {
     "seed": (0, 4294966), "trainer.epochs": (1, None), "trainer.batch_size": (1, None),
