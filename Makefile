@@ -9,7 +9,8 @@ export WANDB_MODE ?= offline
 # Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|submitit_local,
 # SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
 # ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go),
-# OUT=folder (make claim-<name>: its figure and table; default results/claims/<name>).
+# OUT=folder (its report, or make claim-<name>'s figure and table; default results/<sweep>/,
+# results/claims/<name>/).
 SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp ablation_ef
 SCALE ?= paper
 LAUNCHER ?= local
@@ -22,8 +23,11 @@ WORKERS_KEY = $(if $(filter local,$(LAUNCHER)),nproc_per_node,tasks_per_node)
 RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SCALE) \
 	launcher=$(LAUNCHER) hydra.launcher.$(WORKERS_KEY)=$(WORKERS) runs_root=$(RUNS) \
 	$(if $(SEEDS),seed=$(SEEDS))
-# The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
-REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
+# The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/ (or OUT=dir)
+REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE) $(if $(OUT),--out $(OUT))
+# After a sweep: its analysis ($(1)), unless the sweep refused its input before starting anything
+# (exit status 2: bad config or missing data, said in one line), then the sweep's exit status.
+AFTER_SWEEP = status=$$?; if [ $$status -ne 2 ]; then $(1); fi; exit $$status
 # make report / scorecard: SWEEP=, SCALE= (when given), OUT=
 ANALYSIS_ARGS = $(if $(SWEEP),--sweep $(SWEEP)) \
 	$(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
@@ -39,7 +43,7 @@ CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),res
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
 	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
-	zoo-sweep bench-simulated-memory claims smoke-gpu \
+	zoo-sweep bench-simulated-memory claims smoke-gpu docs \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -49,43 +53,55 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each; then the scorecard of table1's tiny runs (printed, and results/scorecard.*)
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/; then the scorecard of table1's tiny runs (printed, and results/scorecard.*)
 	@$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
-		VENV_STAMP=$(VENV_STAMP); status=$$?; \
+		OUT=results/demo VENV_STAMP=$(VENV_STAMP); status=$$?; \
 	$(MAKE) --no-print-directory scorecard SWEEP=table1 SCALE=tiny VENV_STAMP=$(VENV_STAMP); \
 	exit $$status
 
 $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
-	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
+	@$(RUN_SWEEP) sweep=$* $(ONLY); $(call AFTER_SWEEP,$(call REPORT,$*))
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
 
 reproduce-auto: $(VENV_STAMP) ## issue 30: measured endpoints vs hand-picked and fixed (conf/sweep/auto_endpoints.yaml), then results/auto/ (or OUT)
-	@$(RUN_SWEEP) sweep=auto_endpoints $(ONLY); status=$$?; $(PY) -m analysis.auto_endpoints \
-		$(RUNS) --scale $(SCALE) --out $(or $(OUT),results/auto); exit $$status
+	@$(RUN_SWEEP) sweep=auto_endpoints $(ONLY); $(call AFTER_SWEEP,$(PY) -m \
+		analysis.auto_endpoints $(RUNS) --scale $(SCALE) --out $(or $(OUT),results/auto))
 
 reproduce-zoo: $(VENV_STAMP) ## the zoo (conf/sweep/zoo.yaml: every compressor light / heavy / Accordion), then its leaderboard, recovery answers, Pareto figure -> results/zoo/ [OUT=dir]
-	@$(RUN_SWEEP) sweep=zoo $(ONLY); status=$$?; $(PY) -m analysis.zoo report $(RUNS) \
-		--scale $(SCALE) --out $(or $(OUT),results/zoo); exit $$status
+	@$(RUN_SWEEP) sweep=zoo $(ONLY); $(call AFTER_SWEEP,$(PY) -m analysis.zoo report $(RUNS) \
+		--scale $(SCALE) --out $(or $(OUT),results/zoo))
 
 zoo-sweep: $(VENV_STAMP) ## rewrite conf/sweep/zoo.yaml from the compressor registry (after adding a compressor)
 	$(PY) -m analysis.zoo sweep
 
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \
-		runs_root=$(RUNS) $(ONLY); status=$$?; $(call CLAIM,$*); exit $$status
+		runs_root=$(RUNS) $(ONLY); $(call AFTER_SWEEP,$(call CLAIM,$*))
 
 claims: $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)) ## every claim sweep, one after another
 
 $(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on simulated learners (conf/sweep/claim_%.yaml), then its figure and table -> results/claims/%/
-	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; $(call CLAIM,$*); \
-	exit $$status
+	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); $(call AFTER_SWEEP,$(call CLAIM,$*))
 
-plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
-	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true
+plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute) [SHOW=config|diff: each run's resolved config, or its diff against the defaults]
+	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true $(if $(SHOW),hydra.sweeper.show=$(SHOW))
 
-dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs (needs WANDB_API_KEY, online)
-	$(PY) -m analysis.dashboard $(SWEEP) $(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
+dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs [SCALE=tiny] (needs WANDB_API_KEY, online)
+	@$(PY) -m analysis.dashboard $(SWEEP) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) \
+		$(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
+
+DOCS_STAMP := .venv/.docs-installed
+
+$(DOCS_STAMP): $(VENV_STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/config-reference.md and the results blocks, then mkdocs (strict: a warning fails it)
+	$(PY) -m tools.config_reference
+	$(PY) -m tools.docs refresh
+	$(PY) -m tools.docs stage build/docs-src
+	$(PY) -m mkdocs build --strict --quiet
 
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 	$(PY) -m ruff check .

@@ -16,7 +16,9 @@ workspace needs the network and a W&B login (``WANDB_API_KEY``).
 from __future__ import annotations
 
 import argparse
+import sys
 
+import requests
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
@@ -69,19 +71,25 @@ def build_workspace(sweep: str, entity: str, project: str, scale: str | None = N
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Build and save the workspace; print its URL."""
+    """Build and save the workspace; print its URL. Without a W&B login or a server to reach,
+    one line says what to do (exit status 2)."""
+    import wandb
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("sweep", help="the sweep: table1 .. table6, fig9, fig10, adacomp")
     parser.add_argument("--scale", choices=("paper", "tiny"), default=None)
     parser.add_argument("--entity", default=None, help="W&B entity (default: your default one)")
     parser.add_argument("--project", default="accordion-bench")
     args = parser.parse_args(argv)
-    entity = args.entity
-    if entity is None:
-        import wandb
-
-        entity = wandb.Api().default_entity
-    workspace = build_workspace(args.sweep, entity, args.project, args.scale).save()
+    try:
+        entity = args.entity or wandb.Api().default_entity
+        workspace = build_workspace(args.sweep, entity, args.project, args.scale).save()
+    except (wandb.errors.Error, requests.RequestException) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        print(f"error: W&B: {reason} (the dashboard is built online: log in with `wandb login` "
+              f"or set WANDB_API_KEY, where the W&B server is reachable, then run it again)",
+              file=sys.stderr)
+        sys.exit(2)
     print(workspace.url)
 
 

@@ -144,7 +144,7 @@ def read_by_hand(runs: Path) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":  # python -m tests.analysis_fixture DIR: the same runs, for the README
+if __name__ == "__main__":  # python -m tests.analysis_fixture DIR: the same runs, to look at
     import sys
 
     print(train_fixture_runs(Path(sys.argv[1])))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 import compression
@@ -108,11 +109,26 @@ def test_cli_missing_data_is_one_line(tmp_path):
     assert line.startswith("error: dataset.root: ") and str(missing) in line
 
 
-def test_cli_unknown_option_lists_choices(tmp_path):
-    proc = run_cli(["model=resnet1000", f"hydra.run.dir={tmp_path}"], timeout=120)
-    assert proc.returncode != 0
-    assert "Could not find 'model/resnet1000'" in proc.stderr
-    assert "resnet18" in proc.stderr  # Hydra lists the available options
+@pytest.mark.parametrize(("args", "group", "option", "close"), [
+    (["compressor=powersdg"], "compressor", "powersdg", "powersgd"),
+    (["-m", "sweep=table1", "scale=tiny", "model=resnet81", "hydra.sweeper.dry_run=true"],
+     "model", "resnet81", "resnet18"),
+])
+def test_cli_misspelt_option_is_one_line_with_the_closest_choices(tmp_path, args, group, option,
+                                                                    close):
+    proc = run_cli([*args, f"hydra.run.dir={tmp_path}", f"runs_root={tmp_path}"], timeout=120)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {group}={option}: no such option of group {group}; "
+                           f"did you mean {close} ")
+    assert line.endswith("choices: " + ", ".join(options(group)))
+    assert not list(tmp_path.iterdir())
+
+
+def test_misspelt_option_through_the_compose_api_is_hydras_exception(compose_cfg):
+    with pytest.raises(MissingConfigException, match=r"^error: experiment=cifar10_recip: no "
+                       r"such option of group experiment; choices: demo, "):
+        compose_cfg("experiment=cifar10_recip")
 
 
 def test_conf_groups_match_design_card():

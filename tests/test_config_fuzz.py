@@ -86,7 +86,7 @@ KINDS = {
 }
 CHOICE_FIELDS = ("trainer.device", "trainer.progress", "logger.mode", "compressor.reduce",
                  "scheduler.lr_scaling", "dataset.eval_split", "model.classifier", "dataset.task")
-# Allowed ranges, as the README and the config files state them: (low, high, low_open,
+# Allowed ranges, as the docs and the config files state them: (low, high, low_open,
 # high_open); None = unbounded. Integer fields list their bounds as integers.
 RANGES = {
     "seed": (0, 4294966), "trainer.epochs": (1, None), "trainer.batch_size": (1, None),
