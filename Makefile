@@ -90,8 +90,8 @@ clean: ## remove ad-hoc run outputs (keeps .venv and the sweeps' results/runs)
 bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8/32/128 x every compressor -> results/bench/simulated_memory.{csv,md}
 	$(PY) -m benchmarks.simulated_memory
 
-bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
-	$(PY) -m benchmarks.compressors
+bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] -> results/bench/compressors.{csv,md}
+	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE))
 
 report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
 	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
