@@ -33,6 +33,7 @@ CLAIMS := residues fig2b overlap batch
 SIM_CLAIMS := learners minibatch
 
 .PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
+	bench-numerics \
 	bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
@@ -89,6 +90,9 @@ clean: ## remove ad-hoc run outputs (keeps .venv and the sweeps' results/runs)
 
 bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8/32/128 x every compressor -> results/bench/simulated_memory.{csv,md}
 	$(PY) -m benchmarks.simulated_memory
+
+bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 run side by side [ARGS="--repeats 2 --epochs 16"] -> results/bench/numerics.{csv,md}
+	$(PY) -m benchmarks.numerics $(ARGS)
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] -> results/bench/compressors.{csv,md}
 	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE))

@@ -38,7 +38,7 @@ import data
 import models
 import schedulers
 import training.workers
-from core import distributed, record
+from core import distributed, numerics, provenance, record, rng
 from core.errors import ConfigError
 from core.lr import lr_at
 from training import checkpoint, faults, optim, runs, signals
@@ -60,6 +60,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (training/signals)
     try:
+        numerics.apply(cfg.trainer.numerics)  # before torch's first operation (core/numerics)
         world_size = checks.world_size(cfg, env.world_size)  # ranks, or simulated learners
         checks.validate(cfg, world_size, run_dir)
         bundle = data.build(cfg.dataset)
@@ -115,12 +116,12 @@ def _decide(cfg: DictConfig, run_dir: Path, world_size: int) -> runs.Action | Co
 def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle,
            device: torch.device, resume: bool) -> dict[str, Any]:
     t = cfg.trainer
-    checkpoint.seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
+    rng.seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
     model = models.build(**cfg.model).to(device)
-    faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
-    checkpoint.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
+    rng.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
     # This rank (DDP, the comm hook aggregates), or trainer.workers simulated learners.
     workers = training.workers.build(model, cfg, env, bundle, device)
+    faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
     task, hook_state = workers.tasks[0], workers.hook_state
     scheduler = schedulers.build(cfg.scheduler)
     o = cfg.optimizer
@@ -131,12 +132,16 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
         start_epoch, elapsed_s, saved = checkpoint.load(run_dir / record.CHECKPOINT, model,
                                                         optimizer, hook_state, scheduler)
     log = record.MetricsLog(run_dir, keep_epochs=start_epoch) if env.is_main else None
-    logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
+    logger: WandbLogger | NullLogger = NullLogger()
+    if env.is_main:  # which machine and code run this start (core/provenance.py)
+        prov = provenance.collect(t.numerics, workers.world_size,
+                                  "simulated" if t.workers is not None else env.launcher)
+        record.record_start(run_dir, prov, start_epoch, fresh=not resume)
+        logger = _make_logger(cfg, run_dir, prov)
 
     amp = bool(t.amp) and device.type == "cuda"
-    # A preemption signal stops the ranks at one step boundary (simulated learners: at once,
-    # resumed from the last epoch's checkpoint).
-    preemptible = bool(t.preempt_signals) and isinstance(workers, training.workers.Rank)
+    # A preemption signal stops the ranks (or the simulated learners) at one step boundary.
+    preemptible = bool(t.preempt_signals)
     stop = signals.StopCheck(int(t.preempt_check_every), enabled=preemptible)
     status, why, started = "running", None, time.perf_counter() - elapsed_s
     signals.defer(t.preempt_signals if preemptible else [])
@@ -152,7 +157,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             row.update({"lr": lr, "batch_size": batch_size})
             hook_state.reset_epoch(epoch)
             progress = EpochProgress(epoch, device, len(workers.tasks)) if saved is None else \
-                EpochProgress.resume(saved, hook_state, task, device)  # continue a stopped epoch
+                EpochProgress.resume(saved, hook_state, workers.tasks, device)  # a stopped epoch
             saved = None
 
             # ---- train one epoch: the comm hook aggregates (and compresses) in backward -------
@@ -162,7 +167,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
             except signals.Preempted:  # every rank stopped at this step: checkpoint mid-epoch
                 checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch,
                                 time.perf_counter() - started, model, optimizer, hook_state,
-                                scheduler, progress.state_dict(hook_state, task))
+                                scheduler, progress.state_dict(hook_state, workers.tasks))
                 raise
             epoch_s = progress.seconds()
 
@@ -348,12 +353,14 @@ def _sync_buffers(model: torch.nn.Module) -> None:
         dist.broadcast(buf, src=0)
 
 
-def _make_logger(cfg: DictConfig, run_dir: Path) -> WandbLogger | NullLogger:
+def _make_logger(cfg: DictConfig, run_dir: Path, prov: dict[str, Any]
+                 ) -> WandbLogger | NullLogger:
     if cfg.logger.name == "none":
         return NullLogger()
-    # Flattened ("model.name": ...), so that W&B can group and filter runs by any key.
-    return WandbLogger(cfg.logger, record.flatten(OmegaConf.to_container(cfg, resolve=True)),
-                       run_dir)
+    # Flattened ("model.name": ..., "provenance.git.commit": ...), so that W&B can group and
+    # filter runs by any key.
+    config = {**OmegaConf.to_container(cfg, resolve=True), "provenance": prov}
+    return WandbLogger(cfg.logger, record.flatten(config), run_dir)
 
 
 def _quiet_other_ranks() -> None:

@@ -42,8 +42,8 @@ def observed(tmp_path_factory) -> tuple:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OBSERVE_DIR": str(out)}
     assert_ok(subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=600))
-    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    model = torch.load(out / "run" / "checkpoint.pt", weights_only=False)["model"]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    model = torch.load(out / "run" / "checkpoint.pt", weights_only=True)["model"]
     return read_rows(out / "run"), ranks, model
 
 

@@ -419,7 +419,7 @@ def roundtrip(state: dict) -> dict:
     buf = io.BytesIO()
     torch.save(state, buf)
     buf.seek(0)
-    return torch.load(buf, weights_only=False)
+    return torch.load(buf, weights_only=True)
 
 
 @pytest.mark.parametrize("name", ["accordion", "accordion_batch", "accordion_joint"])

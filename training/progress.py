@@ -1,5 +1,6 @@
 """How far the current epoch has gone on this rank: everything a mid-epoch checkpoint must hold
-to continue the epoch bit for bit (training/signals.py says when the ranks stop).
+to continue the epoch bit for bit (training/signals.py says when the ranks stop). For simulated
+learners, the process's progress holds every learner's sums and carry.
 
 An epoch's result depends on more than the model, the optimizer and the compressor memories
 that an epoch-end checkpoint holds: the steps already taken (the sampler resumes after them:
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from compression import HookState
+from training.simulated import AllWorkers
 
 
 class EpochProgress:
@@ -43,18 +45,20 @@ class EpochProgress:
         """Training time of this epoch so far (evaluation excluded)."""
         return time.perf_counter() - self._started
 
-    def state_dict(self, hook_state: HookState, task: Any) -> dict[str, Any]:
-        """This rank's part of a mid-epoch checkpoint."""
+    def state_dict(self, hook_state: HookState | AllWorkers, tasks: list[Any]
+                   ) -> dict[str, Any]:
+        """This process's part of a mid-epoch checkpoint (``tasks``: its workers' tasks)."""
         return {"epoch": self.epoch, "step": self.step, "samples": self.samples,
                 "loss_sum": self.loss_sum.detach().cpu().clone(), "seconds": self.seconds(),
-                "hook": hook_state.epoch_state_dict(), "carry": task.carry()}
+                "hook": hook_state.epoch_state_dict(), "carry": [t.carry() for t in tasks]}
 
     @classmethod
-    def resume(cls, state: dict[str, Any], hook_state: HookState, task: Any,
-               device: torch.device) -> EpochProgress:
-        """Continue the epoch :meth:`state_dict` saved: the hook's sums and the task's carry are
-        restored (call after the epoch's start: levels set, ``hook_state.reset_epoch()``)."""
+    def resume(cls, state: dict[str, Any], hook_state: HookState | AllWorkers,
+               tasks: list[Any], device: torch.device) -> EpochProgress:
+        """Continue the epoch :meth:`state_dict` saved: the hook's sums and the tasks' carries
+        are restored (call after the epoch's start: levels set, ``hook_state.reset_epoch()``)."""
         hook_state.load_epoch_state_dict(state["hook"], device)
-        task.set_carry(state["carry"])
+        for task, carry in zip(tasks, state["carry"], strict=True):
+            task.set_carry(carry)
         return cls(state["epoch"], device, len(state["loss_sum"]), state["step"],
                    state["samples"], state["loss_sum"], state["seconds"])

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
 from core.distributed import DistEnv
 from core.errors import ConfigError
@@ -38,6 +38,11 @@ class Task:
 
     def set_carry(self, carry: Any) -> None:
         """Continue an epoch with the :meth:`carry` saved part-way through it."""
+
+    def probe_batch(self) -> Any:
+        """A small batch of this rank's test shard, read without randomness: what
+        :func:`training.buckets.settle` runs one backward on."""
+        raise NotImplementedError
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """The test metrics of ``model`` over every rank's shard (one all-reduce)."""
@@ -86,6 +91,11 @@ class Classification(Task):
                                        drop_last=True, pin_memory=self.device.type == "cuda",
                                        persistent_workers=self.num_workers > 0,
                                        generator=self.loader_rng)
+
+    def probe_batch(self) -> Any:
+        """The first (at most) 2 examples of this rank's test shard, collated."""
+        shard = self.test_loader.dataset
+        return default_collate([shard[i] for i in range(min(2, len(shard)))])
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch (the same on every rank)."""
@@ -165,6 +175,10 @@ class LanguageModel(Task):
         # Standard recipe: drop the tail, lay the stream out as `columns` parallel sequences.
         return stream[: rows * columns].view(columns, rows).to(self.device)
 
+    def probe_batch(self) -> Any:
+        """The first BPTT window of this rank's test stream."""
+        return next(_windows(self.test, self.bptt))
+
     def steps_per_epoch(self) -> int:
         """BPTT windows per epoch."""
         return math.ceil((self.train.size(1) - 1) / self.bptt)
@@ -220,6 +234,24 @@ class LanguageModel(Task):
         """``test/loss`` per token and ``test/perplexity`` from the totals of every shard."""
         loss = totals[0].item() / totals[1].item()
         return {"test/loss": loss, "test/perplexity": math.exp(min(loss, 700.0))}
+
+
+class FixedBatch(Task):
+    """Cross-entropy on one fixed batch ``(x, y)``: the least of a task, for code that drives
+    DDP itself (benchmarks, tests) and needs :func:`training.buckets.settle`'s probe."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def probe_batch(self) -> Any:
+        """The batch itself."""
+        return self.x, self.y
+
+    @staticmethod
+    def loss(model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
+        """Mean cross-entropy over the batch and its size."""
+        x, y = batch
+        return F.cross_entropy(model(x), y), len(y)
 
 
 def check_batches(bundle: DataBundle, batch_sizes: dict[str, int], eval_batch_size: int,

@@ -24,8 +24,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 from compression.hook import comm_hook
 from core.distributed import DistEnv
+from core.rng import rank_seed
 from data import DataBundle
-from training.checkpoint import rank_seed
+from training import buckets
 from training.simulated import SimulatedWorkers, simulated_envs
 from training.tasks import make_task
 
@@ -41,6 +42,7 @@ class Rank:
                        bucket_cap_mb=float(cfg.trainer.bucket_cap_mb))
         self.hook_state = compression.build(cfg.compressor, model.named_parameters(),
                                             overlap=compression.overlap.from_config(cfg.observe))
+        buckets.settle(self.ddp, self.tasks[0])  # the final buckets from the first step on
         self.ddp.register_comm_hook(self.hook_state, comm_hook)
 
     @staticmethod
