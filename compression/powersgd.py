@@ -23,9 +23,9 @@ pays it at once); elsewhere (CUDA, or without a C compiler) the layers of one sh
 each line above as one batch (``bmm``), their error memories the rows of one tensor. Both
 orthogonalize the P's of one (n, r) as one batch. The two paths sum in different orders, so
 they agree within float32 rounding, not bit for bit (tested against each other and against
-float64 references). A layer with (n + m) r >= n m would send
-no fewer numbers compressed, so it goes dense instead (M all-reduced inside the P message, its
-error memory emptied); that is logged once per layer.
+float64 references). A layer with (n + m) r >= n m would send no fewer numbers compressed, so
+it goes dense instead (M all-reduced inside the P message, its error memory emptied); that is
+logged once per layer.
 
 Levels: the layer's rank r (an int >= 1). A rank change keeps the warm start: the first r
 columns of Q stay, new columns are the layer's initial random columns (drawn from a generator
