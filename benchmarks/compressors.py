@@ -2,6 +2,7 @@
 
     make bench-compressors                    # or: .venv/bin/python -m benchmarks.compressors
     make bench-compressors BASELINE=<git ref> # the same, side by side with <ref>'s compressors
+    make bench-compressors DEVICE=cuda        # on a GPU: results/bench/compressors_cuda.{csv,md}
 
 1. One step on one worker (a world-size-1 gloo group), for every compressor and level, side by
    side with peers in the same process: a plain ``torch.topk`` Top-K and PyTorch's
@@ -15,12 +16,22 @@
    stricter one), against the goals of issue 27 (:data:`GOALS`).
 2. Step time of a 2-process DDP ResNet-18 with ``compressor=none`` against DDP's built-in
    all-reduce (no hook).
+3. The zoo's compressors (issue 26), each at its light and heavy level beside its nearest peer
+   (:mod:`benchmarks.compressor_peers`: PyTorch's fp16 / bf16 hooks, else plain torch).
 
 Each side (this checkout's code, and with ``--baseline REF`` the code of the git commit REF,
 checked out into a temporary directory) runs in a process of its own, one thread; the parent
 asks them for one step of one method at a time, methods and sides interleaved within every
 repeat, so the machine's noise hits them alike. Timings are medians over repeats. The machine's
-load average is sampled at every repeat and reported with the table.
+load average is sampled at every repeat and reported with the table. A side times the
+compressors its own code registers (a baseline from before issue 26 has no zoo); benchmark
+helpers its tree lacks come from this checkout's (``benchmarks/`` is a namespace package).
+
+With ``--device cuda`` everything runs on GPU 0 (each side's one-worker group is NCCL's) and every
+timed call is bracketed by ``torch.cuda.synchronize()``, so a time is the GPU's work, not its
+launches; ours' compute is timed with CUDA events (the hook's ``time/compress_s``); the DDP
+comparison needs 2 GPUs (skipped with fewer). Without a GPU, ``--device cuda`` says so in one
+line and exits 0.
 
 ``--programs SPEC OUT`` is ``make bench-e2e``'s use: for a model, its DDP buckets and our
 methods, the compression work of each bucket alone (:func:`programs`), as
@@ -52,12 +63,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 import models
+from benchmarks.compressor_peers import add_zoo
 from compression.comm import Pending, Timer, drive
 from compression.hook import aggregate_bucket, comm_hook
 from core.ranks import run_ranks
 
 OUT = Path("results/bench")
 ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
 BUCKET_BYTES = 25 * 2**20
 POWERSGD_RANKS = (1, 2, 4)
 TOPK_RATIOS = (0.99, 0.25, 0.1, 0.02)
@@ -76,7 +89,7 @@ class Bucket:
         self._index, self._last = index, last
         self.names = [n for n, _ in params]
         self._params = [p for _, p in params]
-        self._buffer = torch.empty(sum(p.numel() for p in self._params))
+        self._buffer = self._params[0].new_empty(sum(p.numel() for p in self._params))
         self._grads, offset = [], 0
         for p in self._params:
             self._grads.append(self._buffer[offset:offset + p.numel()].view_as(p))
@@ -103,12 +116,14 @@ class Bucket:
         self._buffer.copy_(self.saved)
 
 
-def resnet18_buckets(batch: int = 16, width: int = 64) -> tuple[nn.Module, list[Bucket]]:
-    """ResNet-18 (CIFAR; ``width`` channels in its first stage) with the gradients of one
-    backward pass, bucketed like DDP."""
+def resnet18_buckets(batch: int = 16, device: torch.device = CPU, **keys: Any
+                     ) -> tuple[nn.Module, list[Bucket]]:
+    """ResNet-18 (CIFAR; ``keys``: other model keys, e.g. ``width``, its first stage's
+    channels) on ``device`` with the gradients of one backward pass, bucketed like DDP."""
     torch.manual_seed(0)
-    model = models.build("resnet18", num_classes=10, width=width)
+    model = models.build("resnet18", num_classes=10, **keys).to(device)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    x, y = x.to(device), y.to(device)
     nn.functional.cross_entropy(model(x), y).backward()
     groups: list[list[tuple[str, nn.Parameter]]] = [[]]
     size = 0
@@ -140,7 +155,7 @@ class Ours:
 
     Calling it runs one step, bucket after bucket (as the hook chains them); :attr:`timer` sums
     the time spent in the compressor's own steps (compress and decompress, as the hook's
-    ``time/compress_s``), without the waits for the collectives (here a world-size-1 gloo group,
+    ``time/compress_s``), without the waits for the collectives (here a world-size-1 group,
     which still copies the data).
     """
 
@@ -149,7 +164,7 @@ class Ours:
         self.state = compression.HookState(compression.create(name, **params),
                                            model.named_parameters())
         self.buckets = buckets
-        self.timer = Timer()
+        self.timer = hook_timer(buckets[0].buffer().device)
 
     def __call__(self) -> None:
         state = self.state
@@ -157,6 +172,19 @@ class Ours:
             dense, layers, grads = state.split(b.names, b.gradients(), b.buffer())
             drive(aggregate_bucket(state.compressor, dense, layers, grads, state.comm),
                   self.timer).wait()
+
+
+def hook_timer(device: torch.device) -> Timer:
+    """The hook's timer of compressor work on ``device`` (``compression.comm.timer_for``: CUDA
+    events on CUDA). A side's code from before issue 28 has none: it is timed on the CPU only."""
+    if device.type == "cpu":
+        return Timer()
+    try:
+        from compression.comm import timer_for
+    except ImportError:
+        raise SystemExit("--device cuda: this side's compression.comm has no timer_for (it "
+                         "predates issue 28's CUDA timing); compare it with --device cpu") from None
+    return timer_for(device)
 
 
 def torch_powersgd(rank: int, buckets: list[Bucket]) -> Callable[[], None]:
@@ -221,44 +249,65 @@ def compressor_methods(model: nn.Module, buckets: list[Bucket]
             methods[key] = Ours("adacomp", model, buckets, conv_bin_size=conv,
                                 fc_bin_size=fc, soft_threshold=soft)
             add(key, "ours adacomp" + ("" if soft else " (hard LS)"), f"L_T {conv}/{fc}")
+    add_zoo(methods, rows, lambda name, **params: Ours(name, model, buckets, **params), buckets)
     return methods, rows
 
 
 # ---- one side: a process timing one checkout's methods on request --------------------------
-def worker(width: int) -> None:
-    """The loop of a side's process: build the methods (ResNet-18 of ``width``), then answer
-    one request per line of stdin (a method key: run one step of it) with a JSON line on stdout
-    (seconds: the whole step, and the compressor's own work for ours). The first line out lists
-    the rows."""
+def run_step(fn: Callable[[], None], buckets: list[Bucket]) -> tuple[float, float | None]:
+    """One step of method ``fn`` on the original gradients: (whole step, the compressor's own
+    work for ours, else None) in seconds. On CUDA the step starts and ends with the device idle
+    (``torch.cuda.synchronize``)."""
+    sync = torch.cuda.synchronize if buckets[0].buffer().is_cuda else (lambda: None)
+    for b in buckets:
+        b.restore()
+    before = fn.timer.seconds if isinstance(fn, Ours) else 0.0
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    total = time.perf_counter() - start
+    return total, fn.timer.seconds - before if isinstance(fn, Ours) else None
+
+
+def one_worker_group(device: torch.device) -> None:
+    """A world-size-1 process group for ``device``: gloo on the CPU, NCCL on a GPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def worker(width: int, device: torch.device) -> None:
+    """The loop of a side's process: build the methods (ResNet-18 of ``width`` on ``device``),
+    then answer one request per line of stdin (a method key: run one step of it) with a JSON
+    line on stdout (:func:`run_step`'s seconds). The first line out lists the rows."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     sys.stdout = sys.stderr  # whatever else prints must not corrupt the replies
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    model, buckets = resnet18_buckets(width=width)
+    one_worker_group(device)
+    model, buckets = resnet18_buckets(device=device, width=width)
     methods, rows = compressor_methods(model, buckets)
     print(json.dumps(rows), file=out, flush=True)
     for line in sys.stdin:
-        fn = methods[line.strip()]
-        for b in buckets:
-            b.restore()
-        before = fn.timer.seconds if isinstance(fn, Ours) else 0.0
-        start = time.perf_counter()
-        fn()
-        total = time.perf_counter() - start
-        work = fn.timer.seconds - before if isinstance(fn, Ours) else None
-        print(json.dumps([total, work]), file=out, flush=True)
+        print(json.dumps(run_step(methods[line.strip()], buckets)), file=out, flush=True)
     dist.destroy_process_group()
 
 
 class Side:
     """One checkout's methods in a process of its own (see :func:`worker`)."""
 
-    def __init__(self, name: str, tree: Path, width: int) -> None:
+    def __init__(self, name: str, tree: Path, width: int, device: str) -> None:
         self.name = name
-        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+        # The tree's packages first; then this checkout's, for benchmark helpers it lacks.
+        path = os.pathsep.join(dict.fromkeys([str(tree), str(ROOT)]))
+        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker",
-                                      "--width", str(width)], cwd=tree, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                      "--width", str(width), "--device", device], cwd=tree,
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
         self.rows: list[dict[str, Any]] = self._reply()
 
     def run(self, key: str) -> tuple[float, float | None]:
@@ -297,15 +346,17 @@ def time_sides(sides: list[Side], repeats: int, warmup: int = 2
                ) -> tuple[dict[str, dict[str, dict[str, float]]], list[float]]:
     """Per side, per method key: median whole step and (ours) compressor work, seconds; and the
     1-minute load average sampled at every measured repeat."""
-    keys = [row["key"] for row in sides[0].rows]
+    keys = list(dict.fromkeys(row["key"] for s in sides for row in s.rows))
     samples: dict[str, dict[str, list[tuple[float, float | None]]]] = {
-        s.name: {k: [] for k in keys} for s in sides}
+        s.name: {row["key"]: [] for row in s.rows} for s in sides}
     load = []
     for repeat in range(warmup + repeats):
         if repeat >= warmup:
             load.append(os.getloadavg()[0])
         for key in keys:
             for side in sides:
+                if key not in samples[side.name]:
+                    continue  # a method this side's code lacks
                 result = side.run(key)
                 if repeat >= warmup:
                     samples[side.name][key].append(result)
@@ -318,27 +369,39 @@ def time_sides(sides: list[Side], repeats: int, warmup: int = 2
 
 
 # ---- 2-process DDP: none vs built-in ---------------------------------------------------------
-def _ddp_steps(rank: int, world: int, steps: int, batch: int, width: int) -> dict[str, float]:
+def _ddp_steps(rank: int, world: int, steps: int, batch: int, width: int, cuda: bool = False
+               ) -> dict[str, float]:
+    """Step times of DDP's built-in all-reduce and of our ``none`` hook on this rank (``cuda``:
+    on GPU ``rank`` through an NCCL group over :func:`run_ranks`' gloo ranks)."""
+    group, device = None, CPU
+    if cuda:
+        torch.cuda.set_device(rank)
+        group, device = dist.new_group(backend="nccl"), torch.device("cuda", rank)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     runs = {}
     for key in ("builtin", "none"):
         torch.manual_seed(0)
-        model = models.build("resnet18", num_classes=10, width=width)
-        ddp = DDP(model)
+        model = models.build("resnet18", num_classes=10, width=width).to(device)
+        ddp = DDP(model, device_ids=[rank] if cuda else None, process_group=group)
         if key == "none":
-            state = compression.HookState(compression.create("none"), model.named_parameters())
+            state = compression.HookState(compression.create("none"), model.named_parameters(),
+                                          group)
             ddp.register_comm_hook(state, comm_hook)
         runs[key] = (ddp, torch.optim.SGD(model.parameters(), lr=0.01))
     gen = torch.Generator().manual_seed(rank)
     x, y = torch.randn(batch, 3, 32, 32, generator=gen), torch.randint(0, 10, (batch,),
                                                                         generator=gen)
+    x, y = x.to(device), y.to(device)
     times: dict[str, list[float]] = {k: [] for k in runs}
     for step in range(steps + 2):
         for key, (ddp, opt) in runs.items():
             dist.barrier()
+            sync()
             start = time.perf_counter()
             opt.zero_grad()
             nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
+            sync()
             if step >= 2:  # after DDP's bucket rebuild
                 times[key].append(time.perf_counter() - start)
     return {k: statistics.median(v) for k, v in times.items()}
@@ -347,25 +410,34 @@ def _ddp_steps(rank: int, world: int, steps: int, batch: int, width: int) -> dic
 # ---- bench-e2e's isolated compression work -------------------------------------------------
 class Recorder:
     """A :class:`~compression.comm.Comm` that notes when each collective starts, between the
-    CPU work of the steps it serves (see :func:`record`)."""
+    CPU work of the steps it serves (see :func:`record`). On CUDA (``sync``: waits for the
+    device) that work is the GPU's: the device is idle at each lap, and a collective is over
+    before the clock starts again."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, sync: Callable[[], None] = lambda: None) -> None:
         self.comm, self.world_size, self.shares_gather = comm, comm.world_size, comm.shares_gather
+        self.sync = sync
         self.ops: list[tuple[str, float]] = []
         self.started: list[Pending] = []
         self.last = time.perf_counter()
 
     def lap(self) -> None:
-        """The CPU work since the last op."""
+        """The work since the last op."""
+        self.sync()
         now = time.perf_counter()
         self.ops.append(("cpu", now - self.last))
         self.last = now
+
+    def restart(self) -> None:
+        """Start the clock again (with the device idle)."""
+        self.sync()
+        self.last = time.perf_counter()
 
     def _note(self, pending: Pending) -> Pending:
         self.lap()
         self.ops.append(("start", len(self.started)))
         self.started.append(pending)
-        self.last = time.perf_counter()
+        self.restart()
         return pending
 
     def all_reduce(self, tensor: torch.Tensor) -> Pending:
@@ -378,7 +450,8 @@ class Recorder:
 def record(steps: Generator[Pending, Any, Any], recorder: Recorder) -> list[tuple[str, float]]:
     """Run a bucket's steps to the end, noting its CPU work, the starts of its collectives and
     where it waits for each (the waits themselves, copies on one worker, are not counted)."""
-    recorder.ops, recorder.started, recorder.last = [], [], time.perf_counter()
+    recorder.ops, recorder.started = [], []
+    recorder.restart()
     value = None
     while True:
         try:
@@ -391,30 +464,33 @@ def record(steps: Generator[Pending, Any, Any], recorder: Recorder) -> list[tupl
                                           if p is pending)))
         pending.future.wait()
         value = pending.result
-        recorder.last = time.perf_counter()
+        recorder.restart()
 
 
 def programs(spec: dict[str, Any]) -> dict[str, list[list[tuple[str, float]]]]:
     """Per method of ``spec["methods"]`` (our compressors), per DDP bucket of
     ``spec["bucket_params"]`` (parameter indices), the median program of ``spec["repeats"]``
     steps after two warm-up steps, on the gradients of one backward pass of ``spec["model"]``
-    (a :mod:`benchmarks.e2e` model spec) on one worker, one thread."""
+    (a :mod:`benchmarks.e2e` model spec; with ``"device": "cuda"`` on GPU 0) on one worker, one
+    thread."""
     from benchmarks.e2e_ranks import loss, make_batch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model_spec = spec["model"]
-    model = models.build(model_spec["model"], **model_spec["model_kwargs"])
-    loss(model, *make_batch(model_spec, rank=0)).backward()
+    cuda = model_spec.get("device", "cpu") == "cuda"
+    device = torch.device("cuda", 0) if cuda else CPU
+    one_worker_group(device)
+    model = models.build(model_spec["model"], **model_spec["model_kwargs"]).to(device)
+    loss(model, *(t.to(device) for t in make_batch(model_spec, rank=0))).backward()
     named = list(model.named_parameters())
     buckets = [Bucket(b, [named[i] for i in indices], b == len(spec["bucket_params"]) - 1)
                for b, indices in enumerate(spec["bucket_params"])]
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     found = {}
     for method in spec["methods"]:
         state = compression.HookState(compression.create(method["name"], **method["params"]),
                                       model.named_parameters())
-        recorder = Recorder(state.comm)
+        recorder = Recorder(state.comm, torch.cuda.synchronize if cuda else lambda: None)
         runs = []
         for _ in range(2 + int(spec["repeats"])):
             step = []
@@ -433,20 +509,21 @@ def programs(spec: dict[str, Any]) -> dict[str, list[list[tuple[str, float]]]]:
 
 # ---- report ---------------------------------------------------------------------------------
 def table_rows(rows: list[dict[str, Any]], median: dict[str, dict[str, float]]
-               ) -> list[dict[str, Any]]:
-    """One side's table: times, ratios to a memory pass and to the peer, issue 27's goal."""
+               ) -> dict[str, dict[str, Any]]:
+    """One side's table by method key: times, ratios to a memory pass and to the peer, issue
+    27's goal."""
     clone = median["clone"]["total"]
-    table = []
+    table = {}
     for row in rows:
         key = row["key"]
         total, work = median[key]["total"], median[key]["work"]
         x_peer = total / median[row["peer"]]["total"] if row["peer"] else None
         x_clone = (total if work is None else work) / clone
         goal, met = goal_of(key, x_clone, x_peer)
-        table.append({"method": row["method"], "level": row["level"], "ms": total * 1e3,
+        table[key] = {"method": row["method"], "level": row["level"], "ms": total * 1e3,
                       "compute_ms": "" if work is None else work * 1e3, "x_clone": x_clone,
                       "x_copy": (total if work is None else work) / median["copy"]["total"],
-                      "x_peer": "" if x_peer is None else x_peer, "goal": goal, "met": met})
+                      "x_peer": "" if x_peer is None else x_peer, "goal": goal, "met": met}
     return table
 
 
@@ -469,31 +546,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--width", type=int, default=64,
                         help="ResNet-18's first-stage channels (64: the real one; 8: a check)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: every side on GPU 0 -> compressors_cuda.{csv,md}")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--programs", nargs=2, type=Path, metavar=("SPEC", "OUT"),
                         help="bench-e2e: write the compression programs of SPEC's model")
     args = parser.parse_args(argv)
+    cuda = args.device == "cuda"
     if args.worker:
-        worker(args.width)
+        worker(args.width, torch.device("cuda", 0) if cuda else CPU)
         return 0
     if args.programs:
         spec_path, out_path = args.programs
         out_path.write_text(json.dumps(programs(json.loads(spec_path.read_text()))))
         return 0
+    if cuda and not torch.cuda.is_available():
+        print("bench-compressors: skipped: DEVICE=cuda but torch sees no CUDA device here")
+        return 0
     load_before, started = os.getloadavg(), time.perf_counter()
     with checkout(args.baseline) if args.baseline else _nothing() as tree:
-        sides = [Side("this", ROOT, args.width)] + ([Side("baseline", tree, args.width)]
-                                                    if tree else [])
+        sides = [Side("this", ROOT, args.width, args.device)] + (
+            [Side("baseline", tree, args.width, args.device)] if tree else [])
         try:
             median, load = time_sides(sides, args.repeats)
         finally:
             for side in sides:
                 side.close()
     tables = {s.name: table_rows(s.rows, median[s.name]) for s in sides}
-    ddp = run_ranks(_ddp_steps, 2, (args.ddp_steps, 16, args.width))[0]
+    ddp = (None if cuda and torch.cuda.device_count() < 2 else
+           run_ranks(_ddp_steps, 2, (args.ddp_steps, 16, args.width, cuda))[0])
     context = {"repeats": args.repeats, "width": args.width, "baseline": _describe(args.baseline),
                "this": _describe("HEAD") + (" + uncommitted changes" if _dirty() else ""),
-               "load_before": load_before, "load_after": os.getloadavg(), "load": load,
+               "device": args.device, "load_before": load_before,
+               "load_after": os.getloadavg(), "load": load,
                "minutes": (time.perf_counter() - started) / 60}
     write(tables, ddp, context, args.out)
     return 0
@@ -528,27 +613,41 @@ def _cells(row: dict[str, Any]) -> dict[str, str]:
             for k, v in row.items()}
 
 
-def write(tables: dict[str, list[dict[str, Any]]], ddp: dict[str, float],
-          context: dict[str, Any], out: Path) -> None:
-    """compressors.csv (every side's rows) and compressors.md: the side-by-side table of issue
-    27's goals (with a baseline), this side's full table, the DDP rows and the run's context."""
-    out.mkdir(parents=True, exist_ok=True)
+def ddp_rows(ddp: dict[str, float] | None, cuda: bool) -> list[dict[str, Any]]:
+    """The table's rows of the 2-process DDP comparison (``ddp`` None: skipped, fewer than 2
+    GPUs)."""
+    blank = {"ms": "", "compute_ms": "", "x_clone": "", "x_copy": "", "x_peer": "", "goal": "",
+             "met": ""}
+    methods = ("DDP step, built-in all-reduce", "DDP step, ours none hook")
+    if ddp is None:
+        return [{"method": m, "level": "skipped: needs 2 GPUs", **blank} for m in methods]
     ratio = ddp["none"] / ddp["builtin"]
-    blank = {"compute_ms": "", "x_clone": "", "x_copy": "", "x_peer": "", "goal": "", "met": ""}
-    ddp_rows = [{"method": "DDP step, built-in all-reduce", "level": "2 proc",
-                 "ms": ddp["builtin"] * 1e3, **blank},
-                {"method": "DDP step, ours none hook", "level": "2 proc", "ms": ddp["none"] * 1e3,
-                 **blank, "x_peer": ratio, "goal": "<= 1.05x peer",
-                 "met": "yes" if ratio <= 1.05 else "no"}]
-    with open(out / "compressors.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["side", *tables["this"][0]])
+    level = "2 GPUs" if cuda else "2 proc"
+    return [{"method": methods[0], "level": level, **blank, "ms": ddp["builtin"] * 1e3},
+            {"method": methods[1], "level": level, **blank, "ms": ddp["none"] * 1e3,
+             "x_peer": ratio, "goal": "<= 1.05x peer", "met": "yes" if ratio <= 1.05 else "no"}]
+
+
+def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | None,
+          context: dict[str, Any], out: Path) -> None:
+    """compressors.csv (every side's rows) and compressors.md (``compressors_cuda.*`` on CUDA):
+    the side-by-side table of issue 27's goals (with a baseline), this side's full table, the
+    DDP rows and the run's context."""
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = context["device"] == "cuda"
+    stem = "compressors_cuda" if cuda else "compressors"
+    this = list(tables["this"].values())
+    ddp_part = ddp_rows(ddp, cuda)
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["side", *this[0]])
         writer.writeheader()
         for side, rows in tables.items():
-            writer.writerows({"side": side, **_cells(row)} for row in rows)
-        writer.writerows({"side": "this", **_cells(row)} for row in ddp_rows)
+            writer.writerows({"side": side, **_cells(row)} for row in rows.values())
+        writer.writerows({"side": "this", **_cells(row)} for row in ddp_part)
     load = context["load"]
-    lines = [f"ResNet-18 gradients ({_size(context['width'])}), 1 worker (a world-size-1 gloo "
-             f"group), 1 thread; "
+    where = (f"{torch.cuda.get_device_name(0)}, a world-size-1 NCCL group" if cuda
+             else "a world-size-1 gloo group, 1 thread")
+    lines = [f"ResNet-18 gradients ({_size(context['width'])}), 1 worker ({where}); "
              f"median of {context['repeats']} interleaved repeats. This side: "
              f"{context['this']}." + (f" Baseline: {context['baseline']}." if context["baseline"]
                                       else "") +
@@ -557,6 +656,8 @@ def write(tables: dict[str, list[dict[str, Any]]], ddp: dict[str, float],
              f"(1/5/15 min before: {_loads(context['load_before'])}; after: "
              f"{_loads(context['load_after'])}) on {os.cpu_count()} CPUs.", ""]
     if "baseline" in tables:
+        pairs = [(tables["baseline"][key], t) for key, t in tables["this"].items()
+                 if t["goal"] and key in tables["baseline"]]
         lines += ["**Issue 27's goals**: the compressor's own work (compress + decompress) in "
                   "memory passes (`x clone`), baseline and this side measured in the same run; "
                   "`x peer`: whole step over PyTorch's hook.", "",
@@ -565,9 +666,7 @@ def write(tables: dict[str, list[dict[str, Any]]], ddp: dict[str, float],
                           [[b["method"], b["level"], _cells(b)["compute_ms"],
                             _cells(t)["compute_ms"], _cells(b)["x_clone"], _cells(t)["x_clone"],
                             f"{b['compute_ms'] / t['compute_ms']:.2f}x", _cells(t)["x_peer"],
-                            t["goal"], t["met"]]
-                           for b, t in zip(tables["baseline"], tables["this"], strict=True)
-                           if t["goal"]]), ""]
+                            t["goal"], t["met"]] for b, t in pairs]), ""]
     lines += ["`ms / step`: the hook's whole path, collectives included. `compress + decompress "
               "ms`: our compressor's own work (what `time/compress_s` counts). `x clone` / "
               "`x copy`: that work (for peers, their whole step) over one memory pass, `clone` "
@@ -575,8 +674,8 @@ def write(tables: dict[str, list[dict[str, Any]]], ddp: dict[str, float],
               "peer's. DDP rows: step time, 2 processes.", "",
               *_table(["method", "level", "ms / step", "compress + decompress ms", "x clone",
                        "x copy", "x peer", "goal", "met"],
-                      [list(_cells(row).values()) for row in tables["this"] + ddp_rows])]
-    (out / "compressors.md").write_text("\n".join(lines) + "\n")
+                      [list(_cells(row).values()) for row in this + ddp_part])]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

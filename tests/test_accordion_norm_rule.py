@@ -70,10 +70,10 @@ def test_every_rank_decides_on_rank0s_norms(observed):
         for row, started in zip(rows, r["started"], strict=True):
             assert started == {k: row[k] for k in started}
             assert any(k.startswith("critical/") for k in started)
-    # meaningful only because rank 1's own statistic differs from rank 0's
+    # meaningful only because rank 1's own statistic differs from rank 0's (the comparisons
+    # above are exact, so any difference tells them apart; one layer's can be as close as 7e-4)
     own = [{n: float(t.norm()) for n, t in epoch.items()} for epoch in ranks[1]["local"]]
-    assert all(abs(own[e][n] - logged[e][n]) > 1e-3 * logged[e][n]
-               for e in range(EPOCHS) for n in compressed(rows))
+    assert all(own[e][n] != logged[e][n] for e in range(EPOCHS) for n in compressed(rows))
 
 
 def test_decisions_are_algorithm_1_on_the_recomputed_norms(observed):

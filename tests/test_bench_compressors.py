@@ -1,21 +1,33 @@
-"""``make bench-compressors`` at a tiny size: both sides of a baseline comparison written, and
-the compression programs ``make bench-e2e`` charges. Nothing here asserts a time."""
+"""``make bench-compressors`` at a tiny size: every method it times runs, each of the zoo's
+compressors stands beside its peer, both sides of a baseline comparison are written, and the
+compression programs ``make bench-e2e`` charges are recorded. Nothing here asserts a time."""
 
 from __future__ import annotations
 
 import csv
+import math
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from benchmarks.compressors import GOALS, Recorder, record
+from benchmarks import compressor_peers
+from benchmarks.compressors import (
+    GOALS,
+    Recorder,
+    compressor_methods,
+    main,
+    record,
+    resnet18_buckets,
+    run_step,
+)
 from compression.base import Layer
 from compression.comm import SimComm
 from compression.hook import aggregate_bucket
 from compression.powersgd import PowerSGD
 from compression.topk import TopK
+from core.ranks import run_ranks
 from tests.conftest import ROOT
 
 
@@ -38,13 +50,17 @@ def test_a_program_notes_every_start_and_wait_in_order(compressor: object) -> No
     assert all(x >= 0 for op, x in ops if op == "cpu")
 
 
+BASELINE = "598decd"  # the commit before issue 27's work (and before the zoo and CUDA timers)
+
+
 @pytest.mark.slow
 def test_a_baseline_run_writes_both_sides_and_the_goals(tmp_path) -> None:
-    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
-                      capture_output=True).returncode != 0:
-        pytest.skip("not a git checkout: no baseline to compare with")
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{BASELINE}^{{commit}}"],
+                           capture_output=True)
+    if known.returncode != 0:
+        pytest.skip(f"not a git checkout with {BASELINE} in its history: no baseline")
     done = subprocess.run([sys.executable, "-m", "benchmarks.compressors", "--width", "8",
-                           "--repeats", "1", "--ddp-steps", "1", "--baseline", "HEAD",
+                           "--repeats", "1", "--ddp-steps", "1", "--baseline", BASELINE,
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -52,10 +68,63 @@ def test_a_baseline_run_writes_both_sides_and_the_goals(tmp_path) -> None:
         rows = list(csv.DictReader(f))
     this = [r["method"] + r["level"] for r in rows if r["side"] == "this"]
     baseline = [r["method"] + r["level"] for r in rows if r["side"] == "baseline"]
-    assert this[:len(baseline)] == baseline and len(this) == len(baseline) + 2  # + DDP rows
+    assert this[:len(baseline)] == baseline  # the methods both commits have, in one order
+    only_this = [r["method"] for r in rows if r["side"] == "this"][len(baseline):]
+    assert {f"ours {n}" for n in (*compressor_peers.ZOO, *compressor_peers.HOOKS)} <= set(
+        only_this)  # the zoo, which the baseline predates
+    assert [m.startswith("DDP step") for m in only_this[-2:]] == [True, True]
     assert all(float(r["x_clone"]) > 0 for r in rows if r["x_clone"])
     text = (tmp_path / "compressors.md").read_text()
     assert "width 8: a check only" in text and "load average (1 min) at the repeats" in text
     goals = text.split("**Issue 27's goals**")[1].split("\n\n")[1].splitlines()[2:]
     assert len(goals) == len(GOALS)
     assert all(row.endswith((" yes |", " no |")) for row in goals)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
+def test_cuda_without_a_gpu_skips_in_one_line(tmp_path, capsys) -> None:
+    assert main(["--device", "cuda", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().count("\n") == 0
+    assert not list(tmp_path.iterdir())
+
+
+def _one_repeat(rank: int, world: int) -> tuple[list[dict], dict[str, float]]:
+    model, buckets = resnet18_buckets(batch=2, width=4)
+    methods, rows = compressor_methods(model, buckets)
+    return rows, {key: run_step(fn, buckets)[0] for key, fn in methods.items()}
+
+
+def test_every_zoo_compressor_runs_beside_its_peer() -> None:
+    rows, median = run_ranks(_one_repeat, 1)[0]
+    ours = {r["method"].removeprefix("ours "): r for r in rows if r["peer"]}
+    for name in (*compressor_peers.ZOO, *compressor_peers.HOOKS):
+        assert name in ours, name
+    for row in rows:
+        assert math.isfinite(median[row["key"]]) and median[row["key"]] > 0
+        if row["peer"] is not None:
+            assert row["peer"] in median
+    hooks = [r["method"] for r in rows if r["method"].startswith("PyTorch fp16")]
+    assert hooks == ["PyTorch fp16_compress_hook"]
+
+
+def test_plain_peers_quantize_as_ours_do() -> None:
+    # The peers are the same math without the machinery: unbiased quantizers stay unbiased,
+    # selections keep k elements, signs are signs.
+    torch.manual_seed(0)
+    g = torch.randn(16, 64)
+    runs = 400
+    for peer, tol in ((compressor_peers.qsgd(4), 0.1), (compressor_peers.terngrad(64), 0.15),
+                      (compressor_peers.natural(), 0.05)):
+        mean = sum(_applied(peer, g) for _ in range(runs)) / runs
+        assert float((mean - g).abs().mean()) < tol * float(g.abs().mean())
+    assert int((_applied(compressor_peers.randomk(0.25), g) != 0).sum()) == 256
+    assert int((_applied(compressor_peers.dgc(0.1), g) != 0).sum()) <= 102
+    assert torch.equal(_applied(compressor_peers.signsgd(), g), torch.sign(g))
+    onebit = _applied(compressor_peers.onebit(None), g)
+    assert onebit.unique().numel() <= 2 * 16  # two values per row
+
+
+def _applied(peer: compressor_peers.Peer, g: torch.Tensor) -> torch.Tensor:
+    out = g.clone()
+    peer(out)
+    return out

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import compression
 from compression import _powersgd_kernel as psgd_kernel
 from compression._native import PORTABLE_ENV
 from compression.base import Layer
 from compression.comm import SimComm, drive
 from compression.hook import aggregate_bucket
 from compression.powersgd import PowerSGD
-from tests.conftest import ROOT, bits_of, random_steps, require_kernel, without_a_compiler
+from tests.conftest import ROOT, bits_of, kernel_and_eager, random_steps, require_kernel
 
 # A bucket: three layers of one shape (a batch), two of another n, a shape of its own, one
 # that goes dense at rank 2 ((3 + 5) 2 >= 15), a first conv with m = 27 (not a whole number of
@@ -157,10 +156,8 @@ def test_portable_loops_are_bitwise_the_avx2_ones(tmp_path: Path) -> None:
 def test_without_a_compiler_warns_once_and_runs_batched_torch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     steps = random_steps((30, 40), 2, steps=3)
-    fused = compression.simulate("powersgd", steps, rank=2)
-    with without_a_compiler(psgd_kernel.LIBRARY, tmp_path, monkeypatch) as record:
-        torch_ops = compression.simulate("powersgd", steps, rank=2)
-    assert len(record) == 1
+    fused, torch_ops = kernel_and_eager(psgd_kernel.LIBRARY, "powersgd", steps, tmp_path,
+                                        monkeypatch, rank=2)
     for (out, bits), (out_t, bits_t) in zip(fused, torch_ops, strict=True):
         torch.testing.assert_close(out, out_t, **TOLERANCE)
         assert bits == bits_t == [32 * 70 * 2] * 2

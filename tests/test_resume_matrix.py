@@ -1,6 +1,7 @@
-"""The resume matrix: every registered compressor x {static, accordion} x {epoch-end, mid-epoch}
-checkpoint. A run stopped and resumed from its checkpoint ends bit for bit where the run that
-never stopped ends: every metric but the timings, every weight, every compressor memory.
+"""The resume matrix: every registered compressor x {static, accordion, accordion_auto} (and
+no compression x accordion_batch_auto) x {epoch-end, mid-epoch} checkpoint. A run stopped and
+resumed from its checkpoint ends bit for bit where the run that never stopped ends: every
+metric but the timings, every weight, every compressor memory.
 
 W = 2 simulated learners in this process (bit-identical to 2 gloo ranks: tests/test_simulated.py)
 train a ResNet-18 with several DDP buckets (conv kernels, a linear layer, BatchNorm vectors)
@@ -38,9 +39,17 @@ COMMON = ["launcher=simulated", "trainer.workers=2", "model=resnet18", "model.wi
           "trainer.batch_size=16", "trainer.bucket_cap_mb=0.005",
           "logger=none", "trainer.progress=false", "trainer.device=cpu", "optimizer.lr=0.05"]
 SCHEDULERS = {"static": [], "accordion": ["scheduler=accordion", "scheduler.interval=1",
-                                          "scheduler.eta=0.01"]}
+                                          "scheduler.eta=0.01"],
+              # measured endpoints: epoch 1 is measured on its first 3 steps, so the mid-epoch
+              # checkpoint (step 2) holds the probe's partial sums
+              "accordion_auto": ["scheduler=accordion_auto", "scheduler.interval=1",
+                                 "scheduler.eta=0.01", "scheduler.probe_steps=3"],
+              "accordion_batch_auto": ["scheduler=accordion_batch_auto",
+                                       "scheduler.batch_low=16", "scheduler.batches=[16,32]",
+                                       "scheduler.interval=1", "scheduler.probe_steps=3"]}
 CASES = [(name, sched) for name in compression.available() for sched in SCHEDULERS
-         if sched == "static" or name in compression.with_levels()]
+         if sched == "static" or (sched == "accordion_batch_auto" and name == "none")
+         or (sched in ("accordion", "accordion_auto") and name in compression.with_levels())]
 
 
 def train_here(cfg: Any, run_dir: Path) -> dict[str, Any]:

@@ -134,7 +134,9 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
                       nproc=2))
     big, acc = read_rows(tmp_path / "big"), read_rows(tmp_path / "acc")
     assert big[0]["comm/bits"] == acc[0]["comm/bits"]  # one communication per step either way
-    assert acc[0]["train/loss"] == pytest.approx(big[0]["train/loss"], rel=1e-5)
+    # only the summation order differs; under portable numerics (im2col + MKL COMPATIBLE) the
+    # epoch's loss drifts 1e-5 relative (native: below), so the weights' tolerance here too
+    assert acc[0]["train/loss"] == pytest.approx(big[0]["train/loss"], rel=1e-4)
     ma = torch.load(tmp_path / "big" / "checkpoint.pt", weights_only=True)["model"]
     mb = torch.load(tmp_path / "acc" / "checkpoint.pt", weights_only=True)["model"]
     for key in ma:
@@ -178,3 +180,17 @@ def test_sigterm_checkpoints_mid_epoch_and_the_run_resumes(tmp_path):
                        f"hydra.run.dir={tmp_path}"]))
     assert [r["epoch"] for r in read_rows(tmp_path)] == list(range(done + 1))
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+
+
+def test_without_a_terminal_progress_comes_as_log_lines(tmp_path):
+    # stderr is a pipe here: no bar, one line per progress_every_s (every step at 1e-6 s)
+    proc = run_cli([*TINY, "trainer.epochs=1", "trainer.progress=auto",
+                    "trainer.progress_every_s=1e-6", f"hydra.run.dir={tmp_path / 'a'}"])
+    assert_ok(proc)
+    steps = len([line for line in (proc.stdout + proc.stderr).splitlines()
+                 if "epoch 0  step " in line and "train/loss" in line and "samples/s" in line])
+    assert steps == 128 // 32  # dataset.subset / trainer.batch_size
+    quiet = run_cli([*TINY, "trainer.epochs=1", "trainer.progress=false",
+                     "trainer.progress_every_s=1e-6", f"hydra.run.dir={tmp_path / 'b'}"])
+    assert_ok(quiet)
+    assert "epoch 0  step " not in quiet.stdout + quiet.stderr

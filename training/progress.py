@@ -15,10 +15,13 @@ in the checkpoint's per-rank part as at an epoch's end (training/checkpoint.py).
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from compression import HookState
 from training.simulated import AllWorkers
@@ -62,3 +65,42 @@ class EpochProgress:
             task.set_carry(carry)
         return cls(state["epoch"], device, len(state["loss_sum"]), state["step"],
                    state["samples"], state["loss_sum"], state["seconds"])
+
+
+class StepReport:
+    """Where an epoch is, for the person watching rank 0 (``trainer.progress``): a tqdm bar
+    when stderr is a terminal (``auto``) or always (``true``); without a terminal (``auto``:
+    a batch job, a pipe) one log line every ``every_s`` seconds; ``false``: nothing."""
+
+    def __init__(self, progress: EpochProgress, steps: int, world_size: int, mode: Any,
+                 every_s: float, enabled: bool = True) -> None:
+        self.progress, self.steps, self.world_size, self.every_s = progress, steps, world_size, \
+            every_s
+        bar = enabled and (mode is True or (mode == "auto" and sys.stderr.isatty()))
+        self.lines = enabled and mode == "auto" and not bar
+        self.bar = tqdm(total=steps, initial=progress.step, desc=f"epoch {progress.epoch}",
+                        leave=False, disable=not bar)
+        self._last = time.perf_counter()
+
+    def update(self) -> None:
+        """One step is done."""
+        p = self.progress
+        if not self.bar.disable:
+            if p.step % 10 == 1 or p.step == self.steps:
+                self.bar.set_postfix(loss=f"{self._loss():.3f}", samples_s=f"{self._rate():.0f}")
+            self.bar.update()
+        elif self.lines and time.perf_counter() - self._last >= self.every_s:
+            self._last = time.perf_counter()
+            logging.getLogger("accordion-bench").info(
+                "epoch %d  step %d/%d  train/loss %.4f  %.0f samples/s", p.epoch, p.step,
+                self.steps, self._loss(), self._rate())
+
+    def close(self) -> None:
+        """The epoch's steps are over (or stopped)."""
+        self.bar.close()
+
+    def _loss(self) -> float:
+        return self.progress.loss_sum[0].item() / self.progress.step
+
+    def _rate(self) -> float:
+        return self.progress.samples * self.world_size / self.progress.seconds()

@@ -32,7 +32,7 @@ every worker reads (:class:`~compression.comm.SimComm`), not a copy per worker.
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -43,13 +43,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 from compression.comm import SimComm
-from compression.hook import HookState
+from compression.hook import HookState, Probe
 from compression.overlap import OverlapProbe
 from core import rng
 from core.distributed import DistEnv
 from training import buckets
 
 Bucket = tuple[list[nn.Parameter], torch.Tensor, list[torch.Tensor]]  # params, buffer, views
+T = TypeVar("T")
 
 
 class _Recorder:
@@ -92,6 +93,11 @@ class AllWorkers:
         """Set the levels on every worker, as every rank of a DDP job does."""
         for state in self.states:
             state.set_levels(levels)
+
+    def add_probe(self, make: Callable[[], Probe]) -> Probe:
+        """A probe on every worker, as every rank of a DDP job adds its own (they meet in the
+        probe's collectives); worker 0's is returned (rank 0's results are recorded)."""
+        return [state.add_probe(make) for state in self.states][0]
 
     def reset_epoch(self, epoch: int | None = None) -> None:
         """Start every worker's epoch sums."""
@@ -187,16 +193,17 @@ class SimulatedWorkers:
         self.hook_state = AllWorkers(self.states, self.rng)
 
     # ---- a step --------------------------------------------------------------------------
-    def step(self, local_backward: Callable[[int], None]) -> None:
+    def step(self, local_backward: Callable[[int], T]) -> list[T]:
         """One optimizer step's gradients: ``local_backward(w)`` runs worker w's forward and
         backward through :attr:`ddp` (with its RNG streams swapped in); afterwards every
-        parameter's ``.grad`` holds the aggregate, as after a DDP job's backward."""
-        recorded, buffers = [], [b.detach().clone() for b in self.model.buffers()]
+        parameter's ``.grad`` holds the aggregate, as after a DDP job's backward. Returns what
+        each worker's ``local_backward`` returned."""
+        recorded, results, buffers = [], [], [b.detach().clone() for b in self.model.buffers()]
         for w in range(self.world_size):
             self.recorder.buckets = []
             self.model.zero_grad(set_to_none=True)  # worker w's own gradient
             with self.rng.worker(w):
-                local_backward(w)
+                results.append(local_backward(w))
             recorded.append(self.recorder.buckets)  # the same buckets for every worker
             if w == 0:
                 buffers = [b.detach().clone() for b in self.model.buffers()]
@@ -215,6 +222,7 @@ class SimulatedWorkers:
             state.step += 1
         for params, _, views in recorded[0]:        # every worker holds the same mean
             torch._foreach_copy_([p.grad for p in params], views)
+        return results
 
     # ---- what run.py's loop needs besides the step ------------------------------------------
     def set_batch_size(self, batch_size: int) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -66,8 +67,9 @@ class Classification(Task):
     metric = "test/accuracy"
 
     def __init__(self, bundle: DataBundle, env: DistEnv, batch_size: int, eval_batch_size: int,
-                 num_workers: int, seed: int, device: torch.device) -> None:
-        self.env, self.device, self.num_workers = env, device, num_workers
+                 num_workers: int | None, seed: int, device: torch.device) -> None:
+        self.env, self.device = env, device
+        self.num_workers = data_workers(num_workers, device, env)
         self.train = bundle.train
         self.sampler = _ResumableSampler(bundle.train, env.world_size, env.rank, shuffle=True,
                                          seed=seed, drop_last=True)
@@ -77,7 +79,7 @@ class Classification(Task):
         self.batch_size = 0
         self.set_batch_size(batch_size)
         shard = Subset(bundle.test, range(env.rank, len(bundle.test), env.world_size))
-        self.test_loader = DataLoader(shard, eval_batch_size, num_workers=num_workers,
+        self.test_loader = DataLoader(shard, eval_batch_size, num_workers=self.num_workers,
                                       pin_memory=device.type == "cuda")
 
     def set_batch_size(self, batch_size: int) -> None:
@@ -132,7 +134,7 @@ class Classification(Task):
         model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         for x, y in self.test_loader:
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             logits = model(x)
             totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
             totals[1] += (logits.argmax(1) == y).sum()
@@ -279,6 +281,35 @@ def _check_columns(tokens: int, columns: int, field: str) -> None:
     if tokens // columns < 2:
         raise ConfigError(f"{field}: {columns} sequences per rank leave fewer than 2 tokens per "
                           f"sequence of a {tokens}-token shard")
+
+
+def data_workers(requested: int | None, device: torch.device, env: DistEnv,
+                 environ: Mapping[str, str] = os.environ) -> int:
+    """DataLoader worker processes per rank for ``trainer.num_workers`` (``requested``).
+
+    A number is taken as it is. null (the default): none on the CPU, where the ranks' own
+    compute takes the cores (and a run is bit for bit what it was without workers), nor for
+    simulated learners (W loaders in one process); on a GPU, every CPU this rank has but one,
+    which the training process keeps: :func:`rank_cpus`.
+    """
+    if requested is not None:
+        return int(requested)
+    if device.type != "cuda" or env.launcher == "simulated":
+        return 0
+    return max(rank_cpus(environ) - 1, 0)
+
+
+def rank_cpus(environ: Mapping[str, str] = os.environ) -> int:
+    """The CPUs one rank of this job may use: Slurm's ``--cpus-per-task``
+    (``SLURM_CPUS_PER_TASK``, which ``cpus_per_task`` in conf/launcher/slurm.yaml sets), else
+    the CPUs this process may run on (``os.sched_getaffinity``) shared by the ranks started on
+    this node together (torchrun's ``LOCAL_WORLD_SIZE``, submitit's local ``tasks_per_node``).
+    """
+    if environ.get("SLURM_CPUS_PER_TASK"):
+        return int(environ["SLURM_CPUS_PER_TASK"])
+    local_ranks = int(environ.get("LOCAL_WORLD_SIZE") or environ.get("SUBMITIT_LOCAL_NTASKS")
+                      or 1)
+    return max(len(os.sched_getaffinity(0)) // local_ranks, 1)
 
 
 def make_task(bundle: DataBundle, env: DistEnv, cfg: Any, device: torch.device
