@@ -129,8 +129,8 @@ bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8
 bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 run side by side [ARGS="--repeats 2 --epochs 16"] -> results/bench/numerics.{csv,md}
 	$(PY) -m benchmarks.numerics $(ARGS)
 
-bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}
-	$(PY) -m benchmarks.compressors $(if $(DEVICE),--device $(DEVICE))
+bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}
+	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE)) $(if $(DEVICE),--device $(DEVICE))
 
 smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through NCCL, a resume, host syncs per step, NCCL vs gloo -> results/bench/smoke_gpu.md (skips without a GPU)
 	$(PY) -m benchmarks.smoke_gpu
