@@ -168,7 +168,7 @@ class Ours:
 
     def counters(self) -> tuple[float, float]:
         """Our accounting so far: (wire bits, compressor seconds)."""
-        return float(self.state.wire_bits), self.state.timer.seconds
+        return float(self.state.stats.wire_bits), self.state.stats.timer.seconds
 
 
 class ChainedTorchPowerSGD:

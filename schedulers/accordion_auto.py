@@ -64,8 +64,9 @@ from typing import Any
 
 import compression
 from compression.base import Compressor
-from compression.hook import FP32_BITS, HookState
+from compression.hook import HookState
 from compression.noise import Measurement, NoiseProbe
+from compression.stats import FP32_BITS
 from core.errors import ConfigError, check_choice, check_int, check_number, check_ratio
 from schedulers import register
 from schedulers.accordion import History, is_check_epoch, replay

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
-from compression.hook import LAYER_TYPES, layer_type
+from compression.stats import LAYER_TYPES, layer_type
 from core.ranks import run_ranks
 from tests.test_compression_ddp import batch, make_ddp, plain, train
 

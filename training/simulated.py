@@ -219,7 +219,7 @@ class SimulatedWorkers:
         if not all(f.done() for f in futures):
             raise RuntimeError("simulated workers did not finish the step together")
         for state in self.states:                   # as comm_hook counts a last bucket
-            state.step += 1
+            state.stats.step += 1
         for params, _, views in recorded[0]:        # every worker holds the same mean
             torch._foreach_copy_([p.grad for p in params], views)
         return results
