@@ -18,7 +18,8 @@ For every bucket DDP hands over (while the backward pass goes on), :func:`comm_h
    (compute only, not the wait for the network).
 
 The epoch's sums of 1 and 3 (and the step count) are an :class:`~compression.stats.EpochStats`
-of their own, :attr:`HookState.stats`.
+of their own, :attr:`HookState.stats`; :class:`HookState` implements
+:class:`~compression.worker.WorkerState`, what the training loop and the schedulers see of it.
 
 With ``compressor=none`` the whole bucket goes in one fp32 all-reduce, as DDP does without a
 hook.
@@ -51,6 +52,7 @@ from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, GroupComm, Pending, Steps, drive
 from compression.overlap import OverlapProbe
 from compression.stats import FP32_BITS, EpochStats
+from compression.worker import WorkerState
 from core.errors import ConfigError
 
 
@@ -99,7 +101,7 @@ class Probe(Protocol):
         ...
 
 
-class HookState:
+class HookState(WorkerState):
     """Everything the hook keeps between steps: layers, memories, the epoch's sums
     (:attr:`stats`)."""
 
