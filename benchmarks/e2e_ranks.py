@@ -2,7 +2,7 @@
 
     ip netns exec <ns> python -m benchmarks.e2e_ranks SPEC.json OUT.json   # benchmarks.e2e does it
 
-Starts ``world_size`` gloo ranks (:func:`core.ranks.run_ranks`; the caller sets
+Starts ``world_size`` gloo ranks (:func:`benchmarks.ranks.run_ranks`; the caller sets
 ``GLOO_SOCKET_IFNAME=lo``). Every rank builds the model once, wraps it in DDP (25 MiB buckets,
 as run.py) and registers one hook that hands each bucket to the method of the current step
 (:class:`Dispatch`). The methods therefore share model, buckets and optimizer, and take turns
@@ -51,8 +51,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 import models
 from benchmarks.netns import lo_tx_bytes
+from benchmarks.ranks import run_ranks
 from compression.hook import comm_hook
-from core.ranks import run_ranks
 
 BUCKET_CAP_MB = 25  # run.py's default (conf/trainer/default.yaml)
 LATENCY_REPEATS = 20

@@ -50,8 +50,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 import models
+from benchmarks.ranks import run_ranks
 from compression.hook import HookState, comm_hook
-from core.ranks import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "bench" / "smoke_gpu.md"

@@ -13,11 +13,11 @@ from omegaconf import OmegaConf
 
 import compression
 import schedulers
+from benchmarks.ranks import run_ranks
 from compression.comm import SimComm
 from compression.hook import HookState
 from compression.noise import NoiseProbe, TensorStats, sample_index
 from core.errors import ConfigError
-from core.ranks import run_ranks
 from schedulers.accordion_auto import (
     Candidate,
     Chooser,

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from torch.utils.data import TensorDataset
 
 import compression
+from benchmarks.ranks import run_ranks
 from core.distributed import DistEnv
-from core.ranks import run_ranks
 from data import DataBundle
 from training import signals
 from training.tasks import Classification, LanguageModel
