@@ -175,7 +175,7 @@ def test_official_data_joins_the_authors_curve_at_paper_scale(table1, tmp_path):
                      & (official["model"] == "resnet18")]
     assert theirs[theirs["panel"] == "resnet18 rank2"]["value"].iloc[-1] == \
         curve["value"].iloc[-1] == 94.49
-    fig = figures.plot_official(data, {})
+    fig = figures.plot_official(data, figures.looks(runs))
     assert len(fig.axes) == 3
 
 
