@@ -217,8 +217,8 @@ def value_axis(ax: plt.Axes, which: str, values: Iterable[float]) -> None:
 
 
 def epoch_axis(ax: plt.Axes, which: str = "x") -> None:
-    """Whole epochs only, at most about eight tick labels."""
-    axis_of(ax, which).set_major_locator(MaxNLocator(nbins=8, integer=True))
+    """Whole epochs only (one tick where one epoch is in view), at most about eight."""
+    axis_of(ax, which).set_major_locator(MaxNLocator(nbins=8, integer=True, min_n_ticks=1))
 
 
 def band(ax: plt.Axes, data: pd.DataFrame, x: str, y: str, look: dict[str, object],

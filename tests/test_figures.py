@@ -151,6 +151,15 @@ def test_ratio_panels_share_their_y_range_and_name_both_regimes(frames):
                       "ratio < η: the next interval not critical", "η = 0.5"]
 
 
+def test_one_check_epoch_is_labelled_as_one_whole_epoch(frames):
+    """Three epochs, interval 2: every ratio at epoch 1 (caught: ticks 0.76, 0.84, ...)."""
+    table1 = frames["table1"]
+    short = Frames(table1.runs, table1.epochs[table1.epochs["epoch"] < 3], table1.problems)
+    _, fig = _draw(short, "ratios")
+    assert problems(fig) == []
+    assert [text for text, _ in tick_labels(fig.axes[0].xaxis)] == ["1"]
+
+
 def test_pareto_labels_a_narrow_range_of_data_in_short_units(frames):
     _, fig = _draw(frames["table1"], "pareto")
     ax = fig.axes[0]
