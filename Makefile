@@ -43,7 +43,7 @@ CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),res
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
 	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
-	zoo-sweep bench-simulated-memory claims smoke-gpu docs \
+	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -53,11 +53,15 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/ (its table printed); then the scorecard of table1's tiny runs (printed, and results/scorecard.*)
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/ (its table printed); then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
 	@$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
 		OUT=results/demo VENV_STAMP=$(VENV_STAMP); status=$$?; \
 	$(MAKE) --no-print-directory scorecard SWEEP=table1 SCALE=tiny VENV_STAMP=$(VENV_STAMP); \
+	$(MAKE) --no-print-directory machines VENV_STAMP=$(VENV_STAMP); \
 	exit $$status
+
+machines: $(VENV_STAMP) ## the demo's numbers per machine fingerprint and commit (rows of other machines kept) -> results/machines.{csv,md}
+	$(PY) -m analysis.machines $(RUNS)
 
 $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
 	@$(RUN_SWEEP) sweep=$* $(ONLY); $(call AFTER_SWEEP,$(call REPORT,$*))
@@ -125,8 +129,8 @@ bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8
 bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 run side by side [ARGS="--repeats 2 --epochs 16"] -> results/bench/numerics.{csv,md}
 	$(PY) -m benchmarks.numerics $(ARGS)
 
-bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}
-	$(PY) -m benchmarks.compressors $(if $(DEVICE),--device $(DEVICE))
+bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}
+	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE)) $(if $(DEVICE),--device $(DEVICE))
 
 smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through NCCL, a resume, host syncs per step, NCCL vs gloo -> results/bench/smoke_gpu.md (skips without a GPU)
 	$(PY) -m benchmarks.smoke_gpu

@@ -131,10 +131,11 @@ def levels(name: str) -> list[Any]:
 
 def add_zoo(methods: dict[str, Callable[[], None]], rows: list[dict[str, Any]],
             ours: Callable[..., Callable[[], None]], buckets: list[Any]) -> None:
-    """Add every zoo compressor and its peer to ``methods`` and ``rows`` (the format of
+    """Add every zoo compressor that ``compression`` registers (a ``--baseline`` side from
+    before issue 26 has none) and its peer to ``methods`` and ``rows`` (the format of
     benchmarks/compressors.py); ``ours(name, **params)`` makes our method."""
     grads = [g for b in buckets for g in b.gradients()]
-    for name in (*ZOO, *HOOKS):
+    for name in (n for n in (*ZOO, *HOOKS) if n in compression.available()):
         for level in levels(name):
             cls = type(compression.create(name))
             params = {} if level is None else {cls.level_field: level}
@@ -148,6 +149,5 @@ def add_zoo(methods: dict[str, Callable[[], None]], rows: list[dict[str, Any]],
                 methods[f"peer-{key}"] = plain_torch(name, level, grads)
                 label = f"plain torch {name} (no error feedback, no message)"
             rows.append({"key": key, "method": f"ours {name}", "level": shown,
-                         "peer": f"peer-{key}", "target": ""})
-            rows.append({"key": f"peer-{key}", "method": label, "level": shown, "peer": None,
-                         "target": ""})
+                         "peer": f"peer-{key}"})
+            rows.append({"key": f"peer-{key}", "method": label, "level": shown, "peer": None})

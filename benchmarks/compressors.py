@@ -1,7 +1,8 @@
 """Benchmark the compressors on ResNet-18's gradients; writes results/bench/compressors.{csv,md}.
 
-    make bench-compressors            # or: .venv/bin/python -m benchmarks.compressors
-    make bench-compressors DEVICE=cuda   # on a GPU: results/bench/compressors_cuda.{csv,md}
+    make bench-compressors                    # or: .venv/bin/python -m benchmarks.compressors
+    make bench-compressors BASELINE=<git ref> # the same, side by side with <ref>'s compressors
+    make bench-compressors DEVICE=cuda        # on a GPU: results/bench/compressors_cuda.{csv,md}
 
 1. One step on one worker (a world-size-1 gloo group), for every compressor and level, side by
    side with peers in the same process: a plain ``torch.topk`` Top-K and PyTorch's
@@ -12,31 +13,45 @@
    ``time/compress_s``: without the waits for collectives, which on one worker are copies
    inside gloo) are reported; the latter as a ratio to one memory pass over the same gradients,
    ``clone`` (the issue's definition) and a copy into a buffer used before (no page faults: the
-   stricter one).
+   stricter one), against the goals of issue 27 (:data:`GOALS`).
 2. Step time of a 2-process DDP ResNet-18 with ``compressor=none`` against DDP's built-in
    all-reduce (no hook).
 3. The zoo's compressors (issue 26), each at its light and heavy level beside its nearest peer
    (:mod:`benchmarks.compressor_peers`: PyTorch's fp16 / bf16 hooks, else plain torch).
 
-Timings are medians over repeats; the methods are interleaved within every repeat, so the
-machine's noise hits them alike. Targets: AdaComp <= 3x a memory pass, our Top-K <= 1.0x the
-torch.topk peer, our PowerSGD <= 1.0x PyTorch's hook, ``none`` <= 1.05x built-in DDP.
+Each side (this checkout's code, and with ``--baseline REF`` the code of the git commit REF,
+checked out into a temporary directory) runs in a process of its own, one thread; the parent
+asks them for one step of one method at a time, methods and sides interleaved within every
+repeat, so the machine's noise hits them alike. Timings are medians over repeats. The machine's
+load average is sampled at every repeat and reported with the table. A side times the
+compressors its own code registers (a baseline from before issue 26 has no zoo); benchmark
+helpers its tree lacks come from this checkout's (``benchmarks/`` is a namespace package).
 
-With ``--device cuda`` everything runs on GPU 0 (the one-worker group is NCCL's) and every timed
-call is bracketed by ``torch.cuda.synchronize()``, so a time is the GPU's work, not its
+With ``--device cuda`` everything runs on GPU 0 (each side's one-worker group is NCCL's) and every
+timed call is bracketed by ``torch.cuda.synchronize()``, so a time is the GPU's work, not its
 launches; ours' compute is timed with CUDA events (the hook's ``time/compress_s``); the DDP
 comparison needs 2 GPUs (skipped with fewer). Without a GPU, ``--device cuda`` says so in one
 line and exits 0.
+
+``--programs SPEC OUT`` is ``make bench-e2e``'s use: for a model, its DDP buckets and our
+methods, the compression work of each bucket alone (:func:`programs`), as
+:class:`benchmarks.netmodel.Program` ops.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +64,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 import models
 from benchmarks.compressor_peers import add_zoo
-from compression.comm import drive, timer_for
+from compression.comm import Pending, Timer, drive
 from compression.hook import aggregate_bucket, comm_hook
 from core.ranks import run_ranks
 
 OUT = Path("results/bench")
+ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 BUCKET_BYTES = 25 * 2**20
 POWERSGD_RANKS = (1, 2, 4)
 TOPK_RATIOS = (0.99, 0.25, 0.1, 0.02)
 ADACOMP_BINS = ((50, 500), (500, 5000), (5000, 50000))
+# Issue 27's goals, in memory passes (`clone`) of the compress + decompress work, and for
+# PowerSGD rank 2 / 4 also against PyTorch's hook (whole steps).
+GOALS = {"psgd1": (2.0, None), "psgd2": (3.0, 0.25), "psgd4": (3.0, 0.25),
+         "topk0.99": (5.0, None), "topk0.25": (3.0, None), "topk0.1": (3.0, None),
+         "topk0.02": (3.0, None), **{f"adacomp{c}/{f}": (1.8, None) for c, f in ADACOMP_BINS}}
 
 
 class Bucket:
@@ -97,8 +118,8 @@ class Bucket:
 
 def resnet18_buckets(batch: int = 16, device: torch.device = CPU, **keys: Any
                      ) -> tuple[nn.Module, list[Bucket]]:
-    """ResNet-18 (CIFAR; ``keys``: other model keys, e.g. ``width``) with the gradients of one
-    backward pass, bucketed like DDP."""
+    """ResNet-18 (CIFAR; ``keys``: other model keys, e.g. ``width``, its first stage's
+    channels) on ``device`` with the gradients of one backward pass, bucketed like DDP."""
     torch.manual_seed(0)
     model = models.build("resnet18", num_classes=10, **keys).to(device)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
@@ -134,7 +155,7 @@ class Ours:
 
     Calling it runs one step, bucket after bucket (as the hook chains them); :attr:`timer` sums
     the time spent in the compressor's own steps (compress and decompress, as the hook's
-    ``time/compress_s``), without the waits for the collectives (here a world-size-1 gloo group,
+    ``time/compress_s``), without the waits for the collectives (here a world-size-1 group,
     which still copies the data).
     """
 
@@ -143,7 +164,7 @@ class Ours:
         self.state = compression.HookState(compression.create(name, **params),
                                            model.named_parameters())
         self.buckets = buckets
-        self.timer = timer_for(self.state.device)
+        self.timer = hook_timer(buckets[0].buffer().device)
 
     def __call__(self) -> None:
         state = self.state
@@ -151,6 +172,19 @@ class Ours:
             dense, layers, grads = state.split(b.names, b.gradients(), b.buffer())
             drive(aggregate_bucket(state.compressor, dense, layers, grads, state.comm),
                   self.timer).wait()
+
+
+def hook_timer(device: torch.device) -> Timer:
+    """The hook's timer of compressor work on ``device`` (``compression.comm.timer_for``: CUDA
+    events on CUDA). A side's code from before issue 28 has none: it is timed on the CPU only."""
+    if device.type == "cpu":
+        return Timer()
+    try:
+        from compression.comm import timer_for
+    except ImportError:
+        raise SystemExit("--device cuda: this side's compression.comm has no timer_for (it "
+                         "predates issue 28's CUDA timing); compare it with --device cpu") from None
+    return timer_for(device)
 
 
 def torch_powersgd(rank: int, buckets: list[Bucket]) -> Callable[[], None]:
@@ -185,32 +219,157 @@ def torch_topk(ratio: float, buckets: list[Bucket]) -> Callable[[], None]:
     return step
 
 
-def time_interleaved(methods: dict[str, Callable[[], None]], buckets: list[Bucket],
-                     repeats: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Median seconds per call of every method, and of the compute alone for :class:`Ours`
-    methods; each repeat runs all methods once. On CUDA each call starts and ends with the
-    device idle (``torch.cuda.synchronize``)."""
+def compressor_methods(model: nn.Module, buckets: list[Bucket]
+                       ) -> tuple[dict[str, Callable[[], None]], list[dict[str, Any]]]:
+    """Every method timed, and a row per method reported (with its peer)."""
+    methods: dict[str, Callable[[], None]] = {"clone": clone_pass(buckets),
+                                              "copy": copy_pass(buckets)}
+    rows: list[dict[str, Any]] = []
+
+    def add(key: str, method: str, level: str, peer: str | None = None) -> None:
+        rows.append({"key": key, "method": method, "level": level, "peer": peer})
+
+    add("clone", "memory pass (clone)", "-")
+    add("copy", "memory pass (copy into a used buffer)", "-")
+    add("none", "ours none (fp32 all-reduce)", "-")
+    methods["none"] = Ours("none", model, buckets)
+    for r in POWERSGD_RANKS:
+        methods[f"psgd{r}"] = Ours("powersgd", model, buckets, rank=r)
+        methods[f"torch-psgd{r}"] = torch_powersgd(r, buckets)
+        add(f"psgd{r}", "ours powersgd", f"rank {r}", f"torch-psgd{r}")
+        add(f"torch-psgd{r}", "PyTorch powerSGD_hook", f"rank {r}")
+    for ratio in TOPK_RATIOS:
+        methods[f"topk{ratio}"] = Ours("topk", model, buckets, ratio=ratio)
+        methods[f"torch-topk{ratio}"] = torch_topk(ratio, buckets)
+        add(f"topk{ratio}", "ours topk", f"ratio {ratio}", f"torch-topk{ratio}")
+        add(f"torch-topk{ratio}", "plain torch.topk Top-K", f"ratio {ratio}")
+    for conv, fc in ADACOMP_BINS:
+        for soft in (True, False):
+            key = f"adacomp{conv}/{fc}{'' if soft else '-hard'}"
+            methods[key] = Ours("adacomp", model, buckets, conv_bin_size=conv,
+                                fc_bin_size=fc, soft_threshold=soft)
+            add(key, "ours adacomp" + ("" if soft else " (hard LS)"), f"L_T {conv}/{fc}")
+    add_zoo(methods, rows, lambda name, **params: Ours(name, model, buckets, **params), buckets)
+    return methods, rows
+
+
+# ---- one side: a process timing one checkout's methods on request --------------------------
+def run_step(fn: Callable[[], None], buckets: list[Bucket]) -> tuple[float, float | None]:
+    """One step of method ``fn`` on the original gradients: (whole step, the compressor's own
+    work for ours, else None) in seconds. On CUDA the step starts and ends with the device idle
+    (``torch.cuda.synchronize``)."""
     sync = torch.cuda.synchronize if buckets[0].buffer().is_cuda else (lambda: None)
-    times: dict[str, list[float]] = {k: [] for k in methods}
-    compute: dict[str, list[float]] = {k: [] for k, fn in methods.items() if isinstance(fn, Ours)}
-    for _ in range(repeats):
-        for key, fn in methods.items():
-            for b in buckets:
-                b.restore()
-            before = fn.timer.seconds if isinstance(fn, Ours) else 0.0
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times[key].append(time.perf_counter() - start)
-            if isinstance(fn, Ours):
-                compute[key].append(fn.timer.seconds - before)
-    return ({k: statistics.median(v) for k, v in times.items()},
-            {k: statistics.median(v) for k, v in compute.items()})
+    for b in buckets:
+        b.restore()
+    before = fn.timer.seconds if isinstance(fn, Ours) else 0.0
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    total = time.perf_counter() - start
+    return total, fn.timer.seconds - before if isinstance(fn, Ours) else None
+
+
+def one_worker_group(device: torch.device) -> None:
+    """A world-size-1 process group for ``device``: gloo on the CPU, NCCL on a GPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def worker(width: int, device: torch.device) -> None:
+    """The loop of a side's process: build the methods (ResNet-18 of ``width`` on ``device``),
+    then answer one request per line of stdin (a method key: run one step of it) with a JSON
+    line on stdout (:func:`run_step`'s seconds). The first line out lists the rows."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr  # whatever else prints must not corrupt the replies
+    torch.set_num_threads(1)
+    one_worker_group(device)
+    model, buckets = resnet18_buckets(device=device, width=width)
+    methods, rows = compressor_methods(model, buckets)
+    print(json.dumps(rows), file=out, flush=True)
+    for line in sys.stdin:
+        print(json.dumps(run_step(methods[line.strip()], buckets)), file=out, flush=True)
+    dist.destroy_process_group()
+
+
+class Side:
+    """One checkout's methods in a process of its own (see :func:`worker`)."""
+
+    def __init__(self, name: str, tree: Path, width: int, device: str) -> None:
+        self.name = name
+        # The tree's packages first; then this checkout's, for benchmark helpers it lacks.
+        path = os.pathsep.join(dict.fromkeys([str(tree), str(ROOT)]))
+        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker",
+                                      "--width", str(width), "--device", device], cwd=tree,
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        self.rows: list[dict[str, Any]] = self._reply()
+
+    def run(self, key: str) -> tuple[float, float | None]:
+        """One step of method ``key``: (whole step, compressor's own work) in seconds."""
+        self.proc.stdin.write(key + "\n")
+        self.proc.stdin.flush()
+        total, work = self._reply()
+        return total, work
+
+    def _reply(self) -> Any:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench-compressors: the {self.name} side exited "
+                               f"(code {self.proc.wait()}); see its output above")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+@contextmanager
+def checkout(ref: str) -> Generator[Path, None, None]:
+    """The files of git commit ``ref`` of this repository, in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tmp:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref],
+                                 capture_output=True, check=False)
+        if archive.returncode != 0:
+            raise SystemExit(f"--baseline: git cannot read {ref!r}: "
+                             f"{archive.stderr.decode().strip()}")
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        yield Path(tmp)
+
+
+def time_sides(sides: list[Side], repeats: int, warmup: int = 2
+               ) -> tuple[dict[str, dict[str, dict[str, float]]], list[float]]:
+    """Per side, per method key: median whole step and (ours) compressor work, seconds; and the
+    1-minute load average sampled at every measured repeat."""
+    keys = list(dict.fromkeys(row["key"] for s in sides for row in s.rows))
+    samples: dict[str, dict[str, list[tuple[float, float | None]]]] = {
+        s.name: {row["key"]: [] for row in s.rows} for s in sides}
+    load = []
+    for repeat in range(warmup + repeats):
+        if repeat >= warmup:
+            load.append(os.getloadavg()[0])
+        for key in keys:
+            for side in sides:
+                if key not in samples[side.name]:
+                    continue  # a method this side's code lacks
+                result = side.run(key)
+                if repeat >= warmup:
+                    samples[side.name][key].append(result)
+    medians = {name: {key: {"total": statistics.median(t for t, _ in runs),
+                            "work": statistics.median(w for _, w in runs) if runs[0][1]
+                            is not None else None}
+                      for key, runs in by_key.items()}
+               for name, by_key in samples.items()}
+    return medians, load
 
 
 # ---- 2-process DDP: none vs built-in ---------------------------------------------------------
-def _ddp_steps(rank: int, world: int, steps: int, batch: int, cuda: bool = False
+def _ddp_steps(rank: int, world: int, steps: int, batch: int, width: int, cuda: bool = False
                ) -> dict[str, float]:
     """Step times of DDP's built-in all-reduce and of our ``none`` hook on this rank (``cuda``:
     on GPU ``rank`` through an NCCL group over :func:`run_ranks`' gloo ranks)."""
@@ -222,7 +381,7 @@ def _ddp_steps(rank: int, world: int, steps: int, batch: int, cuda: bool = False
     runs = {}
     for key in ("builtin", "none"):
         torch.manual_seed(0)
-        model = models.build("resnet18", num_classes=10).to(device)
+        model = models.build("resnet18", num_classes=10, width=width).to(device)
         ddp = DDP(model, device_ids=[rank] if cuda else None, process_group=group)
         if key == "none":
             state = compression.HookState(compression.create("none"), model.named_parameters(),
@@ -248,126 +407,293 @@ def _ddp_steps(rank: int, world: int, steps: int, batch: int, cuda: bool = False
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+# ---- bench-e2e's isolated compression work -------------------------------------------------
+class Recorder:
+    """A :class:`~compression.comm.Comm` that notes when each collective starts, between the
+    CPU work of the steps it serves (see :func:`record`). On CUDA (``sync``: waits for the
+    device) that work is the GPU's: the device is idle at each lap, and a collective is over
+    before the clock starts again."""
+
+    def __init__(self, comm: Any, sync: Callable[[], None] = lambda: None) -> None:
+        self.comm, self.world_size, self.shares_gather = comm, comm.world_size, comm.shares_gather
+        self.sync = sync
+        self.ops: list[tuple[str, float]] = []
+        self.started: list[Pending] = []
+        self.last = time.perf_counter()
+
+    def lap(self) -> None:
+        """The work since the last op."""
+        self.sync()
+        now = time.perf_counter()
+        self.ops.append(("cpu", now - self.last))
+        self.last = now
+
+    def restart(self) -> None:
+        """Start the clock again (with the device idle)."""
+        self.sync()
+        self.last = time.perf_counter()
+
+    def _note(self, pending: Pending) -> Pending:
+        self.lap()
+        self.ops.append(("start", len(self.started)))
+        self.started.append(pending)
+        self.restart()
+        return pending
+
+    def all_reduce(self, tensor: torch.Tensor) -> Pending:
+        return self._note(self.comm.all_reduce(tensor))
+
+    def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> Pending:
+        return self._note(self.comm.all_gather(tensor, out))
+
+
+def record(steps: Generator[Pending, Any, Any], recorder: Recorder) -> list[tuple[str, float]]:
+    """Run a bucket's steps to the end, noting its CPU work, the starts of its collectives and
+    where it waits for each (the waits themselves, copies on one worker, are not counted)."""
+    recorder.ops, recorder.started = [], []
+    recorder.restart()
+    value = None
+    while True:
+        try:
+            pending = steps.send(value)
+        except StopIteration:
+            recorder.lap()
+            return recorder.ops
+        recorder.lap()
+        recorder.ops.append(("wait", next(i for i, p in enumerate(recorder.started)
+                                          if p is pending)))
+        pending.future.wait()
+        value = pending.result
+        recorder.restart()
+
+
+def programs(spec: dict[str, Any]) -> dict[str, list[list[tuple[str, float]]]]:
+    """Per method of ``spec["methods"]`` (our compressors), per DDP bucket of
+    ``spec["bucket_params"]`` (parameter indices), the median program of ``spec["repeats"]``
+    steps after two warm-up steps, on the gradients of one backward pass of ``spec["model"]``
+    (a :mod:`benchmarks.e2e` model spec; with ``"device": "cuda"`` on GPU 0) on one worker, one
+    thread."""
+    from benchmarks.e2e_ranks import loss, make_batch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model_spec = spec["model"]
+    cuda = model_spec.get("device", "cpu") == "cuda"
+    device = torch.device("cuda", 0) if cuda else CPU
+    one_worker_group(device)
+    model = models.build(model_spec["model"], **model_spec["model_kwargs"]).to(device)
+    loss(model, *(t.to(device) for t in make_batch(model_spec, rank=0))).backward()
+    named = list(model.named_parameters())
+    buckets = [Bucket(b, [named[i] for i in indices], b == len(spec["bucket_params"]) - 1)
+               for b, indices in enumerate(spec["bucket_params"])]
+    found = {}
+    for method in spec["methods"]:
+        state = compression.HookState(compression.create(method["name"], **method["params"]),
+                                      model.named_parameters())
+        recorder = Recorder(state.comm, torch.cuda.synchronize if cuda else lambda: None)
+        runs = []
+        for _ in range(2 + int(spec["repeats"])):
+            step = []
+            for b in buckets:
+                b.restore()
+                dense, layers, grads = state.split(b.names, b.gradients(), b.buffer())
+                step.append(record(aggregate_bucket(state.compressor, dense, layers, grads,
+                                                    recorder), recorder))
+            runs.append(step)
+        found[method["key"]] = [[(op, statistics.median(run[b][i][1] for run in runs[2:])
+                                  if op == "cpu" else x) for i, (op, x) in enumerate(ops)]
+                                for b, ops in enumerate(runs[-1])]
+    dist.destroy_process_group()
+    return found
+
+
 # ---- report ---------------------------------------------------------------------------------
-def compressor_methods(model: nn.Module, buckets: list[Bucket]
-                       ) -> tuple[dict[str, Callable[[], None]], list[dict[str, Any]]]:
-    """Every method timed, and a row per method reported (with its peer and target)."""
-    methods: dict[str, Callable[[], None]] = {"clone": clone_pass(buckets),
-                                              "copy": copy_pass(buckets)}
-    rows: list[dict[str, Any]] = []
-
-    def add(key: str, method: str, level: str, peer: str | None = None, target: str = ""
-            ) -> None:
-        rows.append({"key": key, "method": method, "level": level, "peer": peer,
-                     "target": target})
-
-    add("clone", "memory pass (clone)", "-")
-    add("copy", "memory pass (copy into a used buffer)", "-")
-    add("none", "ours none (fp32 all-reduce)", "-")
-    methods["none"] = Ours("none", model, buckets)
-    for r in POWERSGD_RANKS:
-        methods[f"psgd{r}"] = Ours("powersgd", model, buckets, rank=r)
-        methods[f"torch-psgd{r}"] = torch_powersgd(r, buckets)
-        add(f"psgd{r}", "ours powersgd", f"rank {r}", f"torch-psgd{r}", "<= 1.0x peer")
-        add(f"torch-psgd{r}", "PyTorch powerSGD_hook", f"rank {r}")
-    for ratio in TOPK_RATIOS:
-        methods[f"topk{ratio}"] = Ours("topk", model, buckets, ratio=ratio)
-        methods[f"torch-topk{ratio}"] = torch_topk(ratio, buckets)
-        add(f"topk{ratio}", "ours topk", f"ratio {ratio}", f"torch-topk{ratio}", "<= 1.0x peer")
-        add(f"torch-topk{ratio}", "plain torch.topk Top-K", f"ratio {ratio}")
-    for conv, fc in ADACOMP_BINS:
-        for soft in (True, False):
-            key = f"adacomp{conv}/{fc}{'' if soft else '-hard'}"
-            methods[key] = Ours("adacomp", model, buckets, conv_bin_size=conv,
-                                fc_bin_size=fc, soft_threshold=soft)
-            add(key, "ours adacomp" + ("" if soft else " (hard LS)"), f"L_T {conv}/{fc}",
-                target="<= 3x clone" if soft else "")
-    add_zoo(methods, rows, lambda name, **params: Ours(name, model, buckets, **params), buckets)
-    return methods, rows
+def table_rows(rows: list[dict[str, Any]], median: dict[str, dict[str, float]]
+               ) -> dict[str, dict[str, Any]]:
+    """One side's table by method key: times, ratios to a memory pass and to the peer, issue
+    27's goal."""
+    clone = median["clone"]["total"]
+    table = {}
+    for row in rows:
+        key = row["key"]
+        total, work = median[key]["total"], median[key]["work"]
+        x_peer = total / median[row["peer"]]["total"] if row["peer"] else None
+        x_clone = (total if work is None else work) / clone
+        goal, met = goal_of(key, x_clone, x_peer)
+        table[key] = {"method": row["method"], "level": row["level"], "ms": total * 1e3,
+                      "compute_ms": "" if work is None else work * 1e3, "x_clone": x_clone,
+                      "x_copy": (total if work is None else work) / median["copy"]["total"],
+                      "x_peer": "" if x_peer is None else x_peer, "goal": goal, "met": met}
+    return table
 
 
-def main() -> None:
+def goal_of(key: str, x_clone: float, x_peer: float | None) -> tuple[str, str]:
+    """Issue 27's goal for method ``key`` and whether it is met."""
+    if key not in GOALS:
+        return "", ""
+    passes, peer = GOALS[key]
+    goal = f"<= {passes:g}x clone" + ("" if peer is None else f", <= {peer:g}x peer")
+    met = x_clone <= passes and (peer is None or x_peer <= peer)
+    return goal, "yes" if met else "no"
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--ddp-steps", type=int, default=12)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    args = parser.parse_args()
+    parser.add_argument("--baseline", metavar="REF", default=None,
+                        help="also time the compressors of git commit REF, side by side")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--width", type=int, default=64,
+                        help="ResNet-18's first-stage channels (64: the real one; 8: a check)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: every side on GPU 0 -> compressors_cuda.{csv,md}")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--programs", nargs=2, type=Path, metavar=("SPEC", "OUT"),
+                        help="bench-e2e: write the compression programs of SPEC's model")
+    args = parser.parse_args(argv)
     cuda = args.device == "cuda"
+    if args.worker:
+        worker(args.width, torch.device("cuda", 0) if cuda else CPU)
+        return 0
+    if args.programs:
+        spec_path, out_path = args.programs
+        out_path.write_text(json.dumps(programs(json.loads(spec_path.read_text()))))
+        return 0
     if cuda and not torch.cuda.is_available():
         print("bench-compressors: skipped: DEVICE=cuda but torch sees no CUDA device here")
-        return
-    torch.set_num_threads(1)
-    device = torch.device("cuda", 0) if cuda else CPU
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
-                            world_size=1, **({"device_id": device} if cuda else {}))
-    model, buckets = resnet18_buckets(device=device)
-    methods, rows = compressor_methods(model, buckets)
-    time_interleaved(methods, buckets, repeats=2)  # warm-up: memories, allocator
-    median, compute = time_interleaved(methods, buckets, args.repeats)
-    dist.destroy_process_group()
-
-    table = []
-    for row in rows:
-        total = median[row["key"]]
-        work = compute.get(row["key"], total)  # compress + decompress (peers: all of it)
-        x_peer = total / median[row["peer"]] if row["peer"] else None
-        met = ""
-        if row["target"] == "<= 1.0x peer":
-            met = "yes" if x_peer <= 1.0 else "no"
-        elif row["target"] == "<= 3x clone":
-            met = "yes" if work / median["clone"] <= 3.0 else "no"
-        table.append({"method": row["method"], "level": row["level"], "ms": total * 1e3,
-                      "compute_ms": compute[row["key"]] * 1e3 if row["key"] in compute else "",
-                      "x_clone": work / median["clone"], "x_copy": work / median["copy"],
-                      "x_peer": "" if x_peer is None else x_peer, "target": row["target"],
-                      "met": met})
-
-    blank = {"compute_ms": "", "x_clone": "", "x_copy": ""}
-    if cuda and torch.cuda.device_count() < 2:
-        for method in ("DDP step, built-in all-reduce", "DDP step, ours none hook"):
-            table.append({"method": method, "level": "skipped: needs 2 GPUs", "ms": "", **blank,
-                          "x_peer": "", "target": "", "met": ""})
-    else:
-        ddp = run_ranks(_ddp_steps, 2, (args.ddp_steps, 16, cuda))[0]
-        ratio = ddp["none"] / ddp["builtin"]
-        level = "2 GPUs" if cuda else "2 proc"
-        table.append({"method": "DDP step, built-in all-reduce", "level": level, "ms":
-                      ddp["builtin"] * 1e3, **blank, "x_peer": "", "target": "", "met": ""})
-        table.append({"method": "DDP step, ours none hook", "level": level, "ms":
-                      ddp["none"] * 1e3, **blank, "x_peer": ratio, "target": "<= 1.05x peer",
-                      "met": "yes" if ratio <= 1.05 else "no"})
-    write(table, args.repeats, device)
+        return 0
+    load_before, started = os.getloadavg(), time.perf_counter()
+    with checkout(args.baseline) if args.baseline else _nothing() as tree:
+        sides = [Side("this", ROOT, args.width, args.device)] + (
+            [Side("baseline", tree, args.width, args.device)] if tree else [])
+        try:
+            median, load = time_sides(sides, args.repeats)
+        finally:
+            for side in sides:
+                side.close()
+    tables = {s.name: table_rows(s.rows, median[s.name]) for s in sides}
+    ddp = (None if cuda and torch.cuda.device_count() < 2 else
+           run_ranks(_ddp_steps, 2, (args.ddp_steps, 16, args.width, cuda))[0])
+    context = {"repeats": args.repeats, "width": args.width, "baseline": _describe(args.baseline),
+               "this": _describe("HEAD") + (" + uncommitted changes" if _dirty() else ""),
+               "device": args.device, "load_before": load_before,
+               "load_after": os.getloadavg(), "load": load,
+               "minutes": (time.perf_counter() - started) / 60}
+    write(tables, ddp, context, args.out)
+    return 0
 
 
-def write(table: list[dict[str, Any]], repeats: int, device: torch.device = CPU) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    stem = "compressors" if device.type == "cpu" else "compressors_cuda"
-    fmt = {"ms": "{:.2f}", "compute_ms": "{:.2f}", "x_clone": "{:.2f}", "x_copy": "{:.2f}",
+@contextmanager
+def _nothing() -> Generator[None, None, None]:
+    yield None
+
+
+def _describe(ref: str | None) -> str | None:
+    """``ref`` as its short commit hash and subject line (None: no baseline)."""
+    if ref is None:
+        return None
+    done = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h (%cs)", ref],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else ref
+
+
+def _dirty() -> bool:
+    done = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                          capture_output=True, text=True, check=False)
+    return bool(done.stdout.strip())
+
+
+FORMATS = {"ms": "{:.2f}", "compute_ms": "{:.2f}", "x_clone": "{:.2f}", "x_copy": "{:.2f}",
            "x_peer": "{:.2f}"}
-    cells = [{k: (fmt[k].format(v) if k in fmt and v != "" else v) for k, v in row.items()}
-             for row in table]
-    with open(OUT / f"{stem}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(cells[0]))
+
+
+def _cells(row: dict[str, Any]) -> dict[str, str]:
+    return {k: (FORMATS[k].format(v) if k in FORMATS and v != "" else str(v))
+            for k, v in row.items()}
+
+
+def ddp_rows(ddp: dict[str, float] | None, cuda: bool) -> list[dict[str, Any]]:
+    """The table's rows of the 2-process DDP comparison (``ddp`` None: skipped, fewer than 2
+    GPUs)."""
+    blank = {"ms": "", "compute_ms": "", "x_clone": "", "x_copy": "", "x_peer": "", "goal": "",
+             "met": ""}
+    methods = ("DDP step, built-in all-reduce", "DDP step, ours none hook")
+    if ddp is None:
+        return [{"method": m, "level": "skipped: needs 2 GPUs", **blank} for m in methods]
+    ratio = ddp["none"] / ddp["builtin"]
+    level = "2 GPUs" if cuda else "2 proc"
+    return [{"method": methods[0], "level": level, **blank, "ms": ddp["builtin"] * 1e3},
+            {"method": methods[1], "level": level, **blank, "ms": ddp["none"] * 1e3,
+             "x_peer": ratio, "goal": "<= 1.05x peer", "met": "yes" if ratio <= 1.05 else "no"}]
+
+
+def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | None,
+          context: dict[str, Any], out: Path) -> None:
+    """compressors.csv (every side's rows) and compressors.md (``compressors_cuda.*`` on CUDA):
+    the side-by-side table of issue 27's goals (with a baseline), this side's full table, the
+    DDP rows and the run's context."""
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = context["device"] == "cuda"
+    stem = "compressors_cuda" if cuda else "compressors"
+    this = list(tables["this"].values())
+    ddp_part = ddp_rows(ddp, cuda)
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["side", *this[0]])
         writer.writeheader()
-        writer.writerows(cells)
-    header = ["method", "level", "ms / step", "compress + decompress ms", "x clone", "x copy",
-              "x peer", "target", "met"]
-    where = (f"{torch.cuda.get_device_name(device)}, a world-size-1 NCCL group"
-             if device.type == "cuda" else "a world-size-1 gloo group, 1 thread")
-    lines = [f"ResNet-18 gradients (11.2M), 1 worker ({where}); "
-             f"median of {repeats} interleaved repeats. `ms / step`: the hook's whole path, "
-             f"collectives included. `compress + decompress ms`: our compressor's own work "
-             f"(what `time/compress_s` counts). `x clone` / `x copy`: that work (for peers, "
-             f"their whole step) over one memory pass, `clone` or a copy into a used buffer "
-             f"(no page faults). `x peer`: whole step over the peer's. DDP rows: step time, "
-             f"2 processes.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row.values()) + " |" for row in cells]
-    (OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
+        for side, rows in tables.items():
+            writer.writerows({"side": side, **_cells(row)} for row in rows.values())
+        writer.writerows({"side": "this", **_cells(row)} for row in ddp_part)
+    load = context["load"]
+    where = (f"{torch.cuda.get_device_name(0)}, a world-size-1 NCCL group" if cuda
+             else "a world-size-1 gloo group, 1 thread")
+    lines = [f"ResNet-18 gradients ({_size(context['width'])}), 1 worker ({where}); "
+             f"median of {context['repeats']} interleaved repeats. This side: "
+             f"{context['this']}." + (f" Baseline: {context['baseline']}." if context["baseline"]
+                                      else "") +
+             f" Took {context['minutes']:.1f} min; load average (1 min) at the repeats: min "
+             f"{min(load):.2f}, median {statistics.median(load):.2f}, max {max(load):.2f} "
+             f"(1/5/15 min before: {_loads(context['load_before'])}; after: "
+             f"{_loads(context['load_after'])}) on {os.cpu_count()} CPUs.", ""]
+    if "baseline" in tables:
+        pairs = [(tables["baseline"][key], t) for key, t in tables["this"].items()
+                 if t["goal"] and key in tables["baseline"]]
+        lines += ["**Issue 27's goals**: the compressor's own work (compress + decompress) in "
+                  "memory passes (`x clone`), baseline and this side measured in the same run; "
+                  "`x peer`: whole step over PyTorch's hook.", "",
+                  *_table(["method", "level", "baseline ms", "this ms", "baseline x clone",
+                           "this x clone", "speed-up", "this x peer", "goal", "met"],
+                          [[b["method"], b["level"], _cells(b)["compute_ms"],
+                            _cells(t)["compute_ms"], _cells(b)["x_clone"], _cells(t)["x_clone"],
+                            f"{b['compute_ms'] / t['compute_ms']:.2f}x", _cells(t)["x_peer"],
+                            t["goal"], t["met"]] for b, t in pairs]), ""]
+    lines += ["`ms / step`: the hook's whole path, collectives included. `compress + decompress "
+              "ms`: our compressor's own work (what `time/compress_s` counts). `x clone` / "
+              "`x copy`: that work (for peers, their whole step) over one memory pass, `clone` "
+              "or a copy into a used buffer (no page faults). `x peer`: whole step over the "
+              "peer's. DDP rows: step time, 2 processes.", "",
+              *_table(["method", "level", "ms / step", "compress + decompress ms", "x clone",
+                       "x copy", "x peer", "goal", "met"],
+                      [list(_cells(row).values()) for row in this + ddp_part])]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
+def _size(width: int) -> str:
+    """ResNet-18's parameter count at ``width``, as the table's heading says it."""
+    count = sum(p.numel() for p in models.build("resnet18", num_classes=10,
+                                                width=width).parameters())
+    return f"{count / 1e6:.1f}M" + ("" if width == 64 else f", width {width}: a check only")
+
+
+def _loads(values: tuple[float, ...] | list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(cells) + " |" for cells in body]]
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

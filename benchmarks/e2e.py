@@ -14,17 +14,25 @@ the dense all-reduce alone (the ratio achieved), and every method's step.
 
 Against the ideal model (:mod:`benchmarks.netmodel`, fed with the measured compute profile and
 the collectives each method issued, compression free), every method gets the measured speed-up
-over ``none``, the ideal one, and their quotient (target >= 0.9 at ratios >= 1). Raw records go
-to results/bench/raw/e2e/ (one JSON per model and ratio); :mod:`benchmarks.projection` reads them
-to project to clusters (``make bench-e2e`` runs it next).
+over ``none``, the ideal one, and their quotient (target >= 0.9 at ratios >= 1). A second ideal
+charges our compressors their work measured alone: after calibrating a model, ``python -m
+benchmarks.compressors --programs`` times each bucket's compression of each of our methods on
+the model's gradients (its DDP buckets as the ranks reported them, one worker, one thread, as
+the ranks run) and :func:`benchmarks.netmodel.charged_step_time` puts that work on the rank's
+core. Where a method misses 0.9 of that ideal, the breakdown table says which part of the step
+took the time. Raw records go to results/bench/raw/e2e/ (one JSON per model and ratio, the
+programs in ``programs/``); :mod:`benchmarks.projection` reads them to project to clusters
+(``make bench-e2e`` runs it next).
 
 ``--device cuda`` (``make bench-e2e DEVICE=cuda``; needs 2 GPUs, skipped in one line with fewer):
 each rank trains on a GPU of its own (per-rank batches ``gpu_batch``, a GPU step being far
 shorter) and communicates through NCCL, kept off NVLink, PCIe peer-to-peer and shared memory
 and on TCP sockets over the namespace's lo (``NCCL_OVER_LINK``), so that the rate limit applies
 to it as it does to gloo. Phases are timed on the GPU (benchmarks/e2e_ranks.py). lo then also
-carries NCCL's protocol overhead (its LL protocols send flags beside the data). Results go to
-``--out`` (the Makefile: results/bench/cuda/).
+carries NCCL's protocol overhead (its LL protocols send flags beside the data). The second
+ideal's programs are timed on GPU 0 (the device idle before and after each stretch of a
+bucket's work) and charged to the GPU that runs the rank's backward. Results go to ``--out``
+(the Makefile: results/bench/cuda/).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -45,7 +54,7 @@ from typing import Any
 import torch
 
 from benchmarks import netmodel
-from benchmarks.netmodel import Collective, Compute
+from benchmarks.netmodel import Collective, Compute, Program
 from benchmarks.netns import Namespace, Unavailable, rank_env, unavailable_reason
 
 OUT = Path("results/bench")
@@ -86,6 +95,7 @@ METHODS: list[dict[str, Any]] = [
     _ours("adacomp", "AdaComp L_T 50/500", "adacomp", conv_bin_size=50, fc_bin_size=500),
 ]
 CALIBRATION = ("compute", "dense")
+PROGRAM_REPEATS = 5  # measured steps of each method's compression alone (after 2 warm-up)
 # NCCL between two GPUs of one machine on TCP over lo, as gloo's traffic goes (NCCL's
 # environment variables: docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html):
 # no peer-to-peer, shared-memory or InfiniBand transport, the socket network on lo.
@@ -174,8 +184,24 @@ def _median(values: Iterable[float]) -> float:
 
 
 # ---- one run's rows --------------------------------------------------------------------------
-def analyze(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per method of a (model, ratio) run: measured, modelled, and the bytes."""
+def charged(raw: dict[str, Any], key: str, programs: dict[str, Any] | None) -> float | None:
+    """The second ideal's step time of method ``key`` (its compression charged, see the module
+    doc), or None without a program of it that fits the buckets it ran."""
+    found = (programs or {}).get(key)
+    buckets = collectives(raw, key)
+    if found is None or len(found) != len(buckets) or any(
+            sum(op == "start" for op, _ in ops) != len(b) for ops, b in zip(found, buckets,
+                                                                          strict=True)):
+        return None
+    return netmodel.charged_step_time(compute_profile(raw), buckets,
+                                      [Program(tuple(map(tuple, ops))) for ops in found],
+                                      WORLD, namespace_link(raw))
+
+
+def analyze(raw: dict[str, Any], programs: dict[str, Any] | None = None
+            ) -> list[dict[str, Any]]:
+    """One row per method of a (model, ratio) run: measured, modelled (``programs``: the
+    model's compression programs, for the second ideal), and the bytes."""
     compute = compute_profile(raw)
     compute_s = step_time(raw, "compute")
     link = namespace_link(raw)
@@ -183,6 +209,7 @@ def analyze(raw: dict[str, Any]) -> list[dict[str, Any]]:
     base_buckets = collectives(raw, "none")
     base_step = step_time(raw, "none")
     base_ideal = netmodel.step_time(compute, base_buckets, WORLD, link)
+    base_charged = charged(raw, "none", programs)
     rows = []
     for m in methods:
         key = m["key"]
@@ -197,6 +224,10 @@ def analyze(raw: dict[str, Any]) -> list[dict[str, Any]]:
         mine = profile(raw, key)
         ideal_tail = max(0.0, netmodel.comm_end(compute, buckets, WORLD, link)
                          - compute.ready[-1])
+        charged_s = charged(raw, key, programs)
+        charged_speedup = (None if charged_s is None or base_charged is None
+                           else base_charged / charged_s)
+        alone = (programs or {}).get(key)
         rows.append({
             "model": raw["model_name"], "ratio": raw["ratio"], "method": m["label"],
             "key": key, "step_ms": 1e3 * measured, "compute_ms": 1e3 * compute_s,
@@ -204,6 +235,11 @@ def analyze(raw: dict[str, Any]) -> list[dict[str, Any]]:
             "model_error": measured / ideal - 1,
             "speedup": speedup, "ideal_speedup": ideal_speedup,
             "efficiency": speedup / ideal_speedup,
+            "charged_ms": None if charged_s is None else 1e3 * charged_s,
+            "charged_speedup": charged_speedup,
+            "charged_efficiency": None if charged_speedup is None else speedup / charged_speedup,
+            "alone_ms": None if alone is None else 1e3 * sum(Program(tuple(map(tuple, ops))).cpu
+                                                            for ops in alone),
             "hook_wire_MB": None if wire_bits is None else wire_bits / 8e6,
             "message_MB": sum(c.nbytes for c in flat) / 1e6,
             "collectives": len(flat),
@@ -212,6 +248,7 @@ def analyze(raw: dict[str, Any]) -> list[dict[str, Any]]:
             "compress_ms": None if compress_s is None else 1e3 * compress_s,
             # where a step's time beyond the ideal goes (see markdown()):
             "gap_ms": 1e3 * (measured - ideal),
+            "charged_gap_ms": None if charged_s is None else 1e3 * (measured - charged_s),
             "ready_shift_ms": 1e3 * (mine.ready[-1] - compute.ready[-1]),
             "tail_excess_ms": 1e3 * (mine.backward - mine.ready[-1] - ideal_tail),
             "fwd_opt_shift_ms": 1e3 * (mine.forward + mine.optimizer - compute.forward
@@ -254,6 +291,24 @@ def calibrate(ns: Namespace, model: dict[str, Any], steps: int, path: Path,
     return calibration
 
 
+def measure_programs(model: dict[str, Any], methods: list[dict[str, Any]],
+                     calibration: Path, path: Path) -> None:
+    """Our methods' compression of each of the model's buckets, alone (``benchmarks.compressors
+    --programs``, a process of its own outside the namespace), saved to ``path``."""
+    raw = json.loads(calibration.read_text())
+    spec = {"model": model, "methods": [m for m in methods if m["kind"] == "ours"],
+            "bucket_params": raw["ranks"][0]["bucket_params"], "repeats": PROGRAM_REPEATS}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path = path.with_suffix(".spec.json")
+    spec_path.write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, "-m", "benchmarks.compressors", "--programs",
+                           str(spec_path), str(path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=3600)
+    spec_path.unlink()
+    if done.returncode != 0:
+        raise RuntimeError(f"compression programs failed ({path.name}):\n{done.stderr[-4000:]}")
+
+
 def rounds_for(ratio: float, warmup: int, steps: int) -> tuple[int, int]:
     """(warm-up rounds, measured steps) at ``ratio``. From ratio 8 on, steps are bound by the
     link (tbf's pace varies little) and cost the most: no warm-up round (the median of at least
@@ -272,6 +327,8 @@ def run_model(ns: Namespace, name: str, model: dict[str, Any], methods: list[dic
     achieved, measured side by side).
     """
     calibration = calibrate(ns, model, max(steps, 3), raw_dir / f"{name}-calibration.json", name)
+    measure_programs(model, methods, raw_dir / f"{name}-calibration.json",
+                     raw_dir / "programs" / f"{name}.json")
     dense_bytes = calibration["dense_lo_MB"] * 1e6
     computes = [calibration["compute_ms"] / 1e3]
     for ratio in ratios:
@@ -335,7 +392,7 @@ def on_device(models: dict[str, dict[str, Any]], device: str) -> dict[str, dict[
 def measure(models: dict[str, dict[str, Any]], methods: list[dict[str, Any]],
             ratios: Iterable[float], warmup: int, steps: int, raw_dir: Path) -> None:
     """Run every model (fresh ``raw_dir``), recording the run's context there too."""
-    for old in raw_dir.glob("*.json"):
+    for old in [*raw_dir.glob("*.json"), *raw_dir.glob("programs/*.json")]:
         old.unlink()
     load_before, started = os.getloadavg(), time.perf_counter()
     with Namespace() as ns:
@@ -354,12 +411,19 @@ def load_runs(raw_dir: Path) -> list[dict[str, Any]]:
                                        -1 if r["ratio"] is None else r["ratio"]))
 
 
+def load_programs(raw_dir: Path, model: str) -> dict[str, Any] | None:
+    """The model's compression programs (None where the run measured none)."""
+    path = raw_dir / "programs" / f"{model}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def report(raw_dir: Path, out: Path) -> None:
     """Write results/bench/e2e.{csv,md} from the raw records in ``raw_dir``."""
     runs = load_runs(raw_dir)
     if not runs:
         raise SystemExit(f"bench-e2e: no raw records in {raw_dir}; run the benchmark first")
-    rows = [row for raw in runs if raw["ratio"] is not None for row in analyze(raw)]
+    rows = [row for raw in runs if raw["ratio"] is not None
+            for row in analyze(raw, load_programs(raw_dir, raw["model_name"]))]
     context = json.loads((raw_dir / "context.json").read_text())
     write(rows, [calibration_row(raw) for raw in runs], context, out)
 
@@ -389,8 +453,29 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
             *["| " + " | ".join(cells) + " |" for cells in body]]
 
 
-def _miss(r: dict[str, Any]) -> bool:
-    return r["ratio"] >= 1 and r["key"] != "none" and r["efficiency"] < TARGET
+def _miss(r: dict[str, Any], key: str = "efficiency") -> bool:
+    """Whether row ``r`` misses the target against the ideal of ``key`` (``efficiency``: the
+    first ideal, ``charged_efficiency``: the second)."""
+    return (r["ratio"] >= 1 and r["key"] != "none" and r[key] is not None
+            and r[key] < TARGET)
+
+
+def _speedups(rows: list[dict[str, Any]], ratios: list[float], achieved: dict[Any, float],
+              model: str, ideal: str, efficiency: str) -> list[str]:
+    """A model's table: per method and ratio, the measured speed-up over ``none``, the ideal's
+    (row key ``ideal``) and measured / ideal (``efficiency``; `*`: a miss)."""
+    mine = {(r["method"], r["ratio"]): r for r in rows if r["model"] == model}
+    header = [f"ratio {x:g} ({achieved[(model, x)]:.2g})" for x in ratios]
+    body = []
+    for method in dict.fromkeys(m for m, _ in mine):
+        cells = [method]
+        for x in ratios:
+            r = mine.get((method, x))
+            cells.append("" if r is None or r[ideal] is None else
+                         f"{r['speedup']:.2f}x ({r[ideal]:.2f}x) "
+                         f"{r[efficiency]:.2f}{'*' if _miss(r, efficiency) else ''}")
+        body.append(cells)
+    return _table(["method", *header], body)
 
 
 def markdown(rows: list[dict[str, Any]], calibrations: list[dict[str, Any]],
@@ -422,31 +507,40 @@ def markdown(rows: list[dict[str, Any]], calibrations: list[dict[str, Any]],
         f"(max {100 * max(errors):.0f}%).", ""]
     achieved = {(c["model"], c["ratio"]): c["achieved_ratio"] for c in calibrations}
     for model in dict.fromkeys(r["model"] for r in rows):
-        mine = {(r["method"], r["ratio"]): r for r in rows if r["model"] == model}
-        header = [f"ratio {x:g} ({achieved[(model, x)]:.2g})" for x in ratios]
-        body = []
-        for method in dict.fromkeys(m for m, _ in mine):
-            cells = [method]
-            for x in ratios:
-                r = mine.get((method, x))
-                cells.append("" if r is None else
-                             f"{r['speedup']:.2f}x ({r['ideal_speedup']:.2f}x) "
-                             f"{r['efficiency']:.2f}{'*' if _miss(r) else ''}")
-            body.append(cells)
         lines += [f"*{model}* (ratio aimed at, and achieved)", "",
-                  *_table(["method", *header], body), ""]
-    misses = [r for r in rows if _miss(r)]
-    lines += ["**Where a missed step's time goes** (ms per step): `gap`: measured - ideal step; "
-              "`compressor`: our compressor's own work (`time/compress_s`; not timed for "
-              "PyTorch's hook); `ready`: how much later the last bucket was ready than without "
-              "communication (the hook's work shares the rank's core with backward); `tail`: "
-              "backward's end after the last bucket was ready, beyond the ideal's exposed "
-              "communication (serialized buckets, compression of the last bucket, decoding, "
-              "gloo); `fwd+opt`: forward and optimizer slower than without communication.", "",
-              *_table(["model", "ratio", "method", "measured", "ideal", "gap", "compressor",
-                       "ready", "tail", "fwd+opt"],
+                  *_speedups(rows, ratios, achieved, model, "ideal_speedup", "efficiency"), ""]
+    lines += ["**Against the ideal that charges compression** its work measured alone (`python -m "
+              "benchmarks.compressors --programs`: each bucket's compression of our methods on "
+              "the model's gradients and DDP buckets, one worker, one thread, put on the rank's "
+              "core before, between and after the bucket's collectives). Speed-up over `none`: "
+              "measured (this ideal's) and measured / ideal; target >= "
+              f"{TARGET} at ratios >= 1. PyTorch's hook: not charged (its work is not "
+              "measured apart from its collectives).", ""]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        lines += [f"*{model}*", "",
+                  *_speedups(rows, ratios, achieved, model, "charged_speedup",
+                             "charged_efficiency"), ""]
+    misses = [r for r in rows if _miss(r, "charged_efficiency")
+              or (r["charged_efficiency"] is None and _miss(r))]
+    lines += ["**Where a missed step's time goes** (ms per step; rows: misses of the ideal that "
+              "charges compression, and where that ideal is not available, of the first): "
+              "`ideal`: the first ideal's step, `charged`: the second's; `gap`: measured - "
+              "charged (else - ideal); `alone`: our compression's work alone (the programs); "
+              "`in step`: the same work inside the step (`time/compress_s`; not timed for "
+              "PyTorch's hook): above `alone` where it competes for the core and caches with "
+              "backward and the other rank; `ready`: how much later the last bucket was ready "
+              "than without communication (the hook's work shares the rank's core with "
+              "backward); `tail`: backward's end after the last bucket was ready, beyond the "
+              "first ideal's exposed communication (serialized buckets, compression of the last "
+              "bucket, decoding, gloo); `fwd+opt`: forward and optimizer slower than without "
+              "communication.", "",
+              *_table(["model", "ratio", "method", "measured", "ideal", "charged", "gap",
+                       "alone", "in step", "ready", "tail", "fwd+opt"],
                       [[r["model"], f"{r['ratio']:g}", r["method"], _fmt(r["step_ms"], 0),
-                        _fmt(r["ideal_ms"], 0), _fmt(r["gap_ms"], 0), _fmt(r["compress_ms"], 0),
+                        _fmt(r["ideal_ms"], 0), _fmt(r["charged_ms"], 0),
+                        _fmt(r["gap_ms"] if r["charged_gap_ms"] is None
+                             else r["charged_gap_ms"], 0),
+                        _fmt(r["alone_ms"], 0), _fmt(r["compress_ms"], 0),
                         _fmt(r["ready_shift_ms"], 0), _fmt(r["tail_excess_ms"], 0),
                         _fmt(r["fwd_opt_shift_ms"], 0)] for r in misses]), "",
               "**Bytes per step** (ratio 1 runs): `hook`: our hook's `comm/wire_bits` / 8 (one "

@@ -63,8 +63,9 @@ class Dispatch:
     """Which method handles the buckets of the current step, and what the step did (``cuda``:
     bucket ready times from CUDA events)."""
 
-    def __init__(self, cuda: bool = False) -> None:
+    def __init__(self, index_of: dict[int, int], cuda: bool = False) -> None:
         self.method: Callable[[dist.GradBucket], Future] | None = None
+        self.index_of = index_of  # id(parameter) -> its index in model.parameters()
         self.cuda = cuda
         self._lock = threading.Lock()
         self.begin(None)
@@ -78,6 +79,7 @@ class Dispatch:
         self.recording = True
         self.ready: list[float] = []
         self.sizes: list[int] = []
+        self.params: list[list[int]] = []  # each bucket's parameters (indices)
         self.collectives: list[tuple[int, str, int, float]] = []
         self._futures: list[Future] = []
         self._calling = -1
@@ -87,6 +89,7 @@ class Dispatch:
         if self.cuda:
             self._events.append(self._event())
         self.sizes.append(bucket.buffer().numel())
+        self.params.append([self.index_of[id(p)] for p in bucket.parameters()])
         with self._lock:
             self._calling = len(self._futures)
         future = self.method(bucket)
@@ -248,8 +251,9 @@ def make_batch(spec: dict[str, Any], rank: int) -> tuple[torch.Tensor, torch.Ten
             torch.randint(0, classes, (b,), generator=gen))
 
 
-def _loss(ddp: DDP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    out = ddp(x)
+def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The training loss of ``model`` (or its DDP wrapper) on the batch (x, y)."""
+    out = model(x)
     if isinstance(out, tuple):  # language models: (logits, hidden)
         out = out[0].reshape(-1, out[0].shape[-1])
     return nn.functional.cross_entropy(out, y)
@@ -274,13 +278,15 @@ class Rank:
         self.model = models.build(spec["model"], **spec["model_kwargs"]).to(self.device)
         self.ddp = DDP(self.model, bucket_cap_mb=BUCKET_CAP_MB,
                        device_ids=[rank] if self.cuda else None, process_group=self.group)
-        self.dispatch = Dispatch(self.cuda)
+        self.dispatch = Dispatch({id(p): i for i, p in enumerate(self.model.parameters())},
+                                 self.cuda)
         self.ddp.register_comm_hook(self.dispatch, dispatch_hook)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
         self.x, self.y = (t.to(self.device) for t in make_batch(spec, rank))
         self.methods = {m["key"]: make_method(m, self.model, self.group)
                         for m in spec["methods"]}
         self.bucket_sizes: list[int] = []
+        self.bucket_params: list[list[int]] = []
 
     def sync(self) -> None:
         """On CUDA, wait for the device: a phase's time is then its work, not its launches."""
@@ -294,11 +300,11 @@ class Rank:
         self.sync()
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = _loss(self.ddp, self.x, self.y)
+        value = loss(self.ddp, self.x, self.y)
         self.sync()
         t_forward = time.perf_counter()
         self.dispatch.begin(method)  # ready times and collectives: from backward's start
-        loss.backward()
+        value.backward()
         self.sync()
         t_backward = time.perf_counter()
         self.optimizer.step()
@@ -306,7 +312,7 @@ class Rank:
         end = time.perf_counter()
         self.dispatch.recording = False
         after = method.counters() if isinstance(method, Ours) else (0.0, 0.0)
-        self.bucket_sizes = self.dispatch.sizes
+        self.bucket_sizes, self.bucket_params = self.dispatch.sizes, self.dispatch.params
         return {"step": end - start, "forward": t_forward - start,
                 "backward": t_backward - t_forward, "optimizer": end - t_backward,
                 "ready": self.dispatch.ready_times(),
@@ -368,7 +374,7 @@ def run_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]
             if r >= int(spec["warmup"]):
                 steps[key].append(record)
     return {"rank": rank, "steps": steps, "latency": me.latency(),
-            "bucket_sizes": me.bucket_sizes,
+            "bucket_sizes": me.bucket_sizes, "bucket_params": me.bucket_params,
             "parameters": sum(p.numel() for p in me.model.parameters())}
 
 

@@ -1,7 +1,9 @@
 """An ideal alpha-beta model of one data-parallel training step.
 
 It predicts a step's time from the compute time measured without communication and the
-collectives the gradient exchange issues, as if compression itself cost nothing. Used by
+collectives the gradient exchange issues, as if compression itself cost nothing
+(:func:`step_time`), or charging each bucket's compression its isolated CPU time
+(:func:`charged_step_time`). Used by
 ``make bench-e2e`` (the ideal speed-up a measured one is compared with, and the model's error
 on the 2-rank measurements) and by :mod:`benchmarks.projection` (clusters of N = 4..256).
 
@@ -26,6 +28,14 @@ gradient is ready (``ready[b]`` seconds into backward, measured) and the previou
 has finished, one at a time over the link:
 
     step = forward + max(backward, end of the last collective) + optimizer
+
+The second ideal charges compression (:class:`Program`: a bucket's CPU work between the starts
+and waits of its collectives, measured alone by ``benchmarks.compressors``). The rank has one
+core: compression runs as soon as it can and backward yields it the core, so every second of
+compression before a bucket is ready delays that bucket (and the end of backward) by a second;
+a bucket's program starts when the bucket is ready and the previous bucket's program has ended
+(the hook chains them), a collective when started and the link is free, and the work after a
+wait when that collective has ended.
 """
 
 from __future__ import annotations
@@ -117,6 +127,60 @@ def step_time(compute: Compute, buckets: Sequence[Sequence[Collective]], n: int,
         return compute.total + comm
     return (compute.forward + max(compute.backward, comm_end(compute, buckets, n, link))
             + compute.optimizer)
+
+
+@dataclass(frozen=True)
+class Program:
+    """How a rank runs one bucket's exchange: ``ops`` in order, each ``("cpu", seconds)`` of
+    compression work, ``("start", i)`` (the bucket's i-th collective starts) or ``("wait", i)``
+    (the work after it needs the i-th collective's result)."""
+
+    ops: tuple[tuple[str, float], ...]
+
+    @property
+    def cpu(self) -> float:
+        """Seconds of CPU work in all."""
+        return sum(x for op, x in self.ops if op == "cpu")
+
+
+def charged_step_time(compute: Compute, buckets: Sequence[Sequence[Collective]],
+                      programs: Sequence[Program], n: int, link: Link) -> float:
+    """Predicted seconds per step with each bucket's compression charged its CPU time
+    (``programs[b]`` runs bucket b's collectives ``buckets[b]``; see the module doc)."""
+    if not len(buckets) == len(programs) == len(compute.ready):
+        raise ValueError(f"{len(buckets)} buckets of messages, {len(programs)} programs and "
+                         f"{len(compute.ready)} ready times")
+    busy: list[tuple[float, float]] = []   # the core's compression work: (start, end)
+    link_free = finished = 0.0
+    for ready, collectives, program in zip(compute.ready, buckets, programs, strict=True):
+        t = max(_backward_clock(ready, busy), finished)
+        ends: dict[int, float] = {}
+        for op, x in program.ops:
+            if op == "cpu":
+                busy.append((t, t + x))
+                t += x
+            elif op == "start":
+                start = max(t, link_free)
+                link_free = ends[int(x)] = start + collective_time(collectives[int(x)], n, link)
+            elif op == "wait":
+                t = max(t, ends[int(x)])
+            else:
+                raise ValueError(f"unknown program op {op!r}; expected cpu, start or wait")
+        finished = t
+    return (compute.forward + max(_backward_clock(compute.backward, busy), finished)
+            + compute.optimizer)
+
+
+def _backward_clock(work: float, busy: list[tuple[float, float]]) -> float:
+    """When backward has done ``work`` seconds of its own, given the core's busy intervals
+    (in time order, not overlapping) before then."""
+    t = 0.0
+    for start, end in busy:
+        if start - t >= work:
+            break
+        work -= start - t
+        t = end
+    return t + work
 
 
 def link_of_namespace(rate: float, n: int, latency: float = 0.0) -> Link:

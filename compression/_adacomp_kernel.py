@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from compression._native import Library
+from compression._native import Library, int64s, pointers
 
 # Elements per group: the group's sent (and sign) bits are one byte of the message.
 GROUP = 8
@@ -64,16 +64,6 @@ LIBRARY = Library("adacomp", {
 def kernel() -> ctypes.CDLL | None:
     """The compiled library, built on first use; None (with one warning) if it cannot be."""
     return LIBRARY.get()
-
-
-def pointers(tensors: list[torch.Tensor]) -> ctypes.Array:
-    """The tensors' data pointers, as a C array."""
-    return (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-
-
-def int64s(values: list[int]) -> ctypes.Array:
-    """``values`` as a C array of int64."""
-    return (ctypes.c_int64 * len(values))(*values)
 
 
 def compress(lib: ctypes.CDLL, residues: list[torch.Tensor], grads: list[torch.Tensor],

@@ -123,6 +123,16 @@ class Library:
         return lib
 
 
+def pointers(tensors: list[torch.Tensor]) -> ctypes.Array:
+    """The tensors' data pointers, as a C array."""
+    return (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+
+
+def int64s(values: list[int]) -> ctypes.Array:
+    """``values`` as a C array of int64."""
+    return (ctypes.c_int64 * len(values))(*values)
+
+
 def usable(dtype: torch.dtype, *tensors: torch.Tensor) -> bool:
     """Whether a kernel can take these tensors: contiguous CPU ones of ``dtype``."""
     return all(t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous()

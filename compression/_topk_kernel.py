@@ -15,6 +15,14 @@ are largest)::
 
     topk_decompress   out = (1/W) sum_w sparse_w, block by block (zeros and sums in one pass)
 
+A layer of SAMPLED_MIN elements or more skips the histogram of every element (about as costly
+as the add itself) and pass 2: a sample of SAMPLE entries of acc (read at fixed pseudo-random
+places before pass 1) brackets the k-th largest |acc| between two buckets, give or take 4
+binomial standard deviations; pass 1 then stores acc, counts the entries above the bracket and
+keeps the keys inside it (a few percent of the layer), and both histograms run over those
+candidates only. Where the sample was off (T outside the bracket, or more candidates than the
+workspace holds) a histogram of acc follows, as above. Either way T is exact: the same bits.
+
 Pass 2 and 3 re-read the layer right after pass 1, mostly from the last-level cache. On x86-64
 CPUs with AVX2 they run eight lanes at a time (pass 3 packs the kept lanes with a permutation
 table); elsewhere portable loops do the same. The results are
@@ -34,12 +42,15 @@ from compression._native import Library
 # the low LOW_BITS bits of the entries in one high bucket.
 HIGH_BITS, LOW_BITS = 16, 15
 HISTOGRAM = (1 << HIGH_BITS) + (1 << LOW_BITS)  # int32 words of workspace: both histograms
+SAMPLE = 4096             # entries of acc sampled to bracket T
+SAMPLED_MIN = 1 << 16     # layers of this many elements or more take the sampled pass
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 LIBRARY = Library("topk", {
-    "topk_compress": ([_p, _p, _i64, _i64, _p, _p, _p], None),
+    "topk_compress": ([_p, _p, _i64, _i64, _p, _p, _p, _i64], None),
     "topk_decompress": ([_p, _i64, _i64, _p, _i64, _i64, ctypes.c_float, _p], ctypes.c_int),
-}, defines={"HIGH_BITS": HIGH_BITS, "LOW_BITS": LOW_BITS})
+}, defines={"HIGH_BITS": HIGH_BITS, "LOW_BITS": LOW_BITS, "SAMPLE": SAMPLE,
+            "SAMPLED_MIN": SAMPLED_MIN})
 
 
 def kernel() -> ctypes.CDLL | None:
@@ -47,13 +58,20 @@ def kernel() -> ctypes.CDLL | None:
     return LIBRARY.get()
 
 
+def workspace_size(n: int) -> int:
+    """int32 words of workspace for a layer of ``n`` elements: both histograms, and room for
+    the sampled pass's candidates (an eighth of the layer; more fall back to a histogram)."""
+    return HISTOGRAM + n // 8 + 64
+
+
 def compress(lib: ctypes.CDLL, error: torch.Tensor, grad: torch.Tensor, k: int,
              message: torch.Tensor, workspace: torch.Tensor) -> None:
     """acc = ``grad`` + ``error``; the k largest |acc| (ties: the first) as fp32 values then
     int32 indices, in index order, into ``message`` (2k int32); ``error`` = acc, 0 at them.
-    ``workspace``: :data:`HISTOGRAM` int32."""
+    ``workspace``: at least :func:`workspace_size` int32."""
     lib.topk_compress(error.data_ptr(), grad.data_ptr(), error.numel(), k, message.data_ptr(),
-                      message[k:].data_ptr(), workspace.data_ptr())
+                      message[k:].data_ptr(), workspace.data_ptr(),
+                      workspace.numel() - HISTOGRAM)
 
 
 def decompress(lib: ctypes.CDLL, out: torch.Tensor, parts: torch.Tensor, k: int,

@@ -48,6 +48,22 @@ class ErrorFeedback:
             e = layer.memory[self.key] = fresh
         return e
 
+    def stacked(self, layers: list[Layer], numel: int, like: torch.Tensor) -> torch.Tensor:
+        """The memories of ``layers`` (``numel`` elements each) as the rows of one
+        (len(layers), numel) tensor, so that one batched operation updates them all: each
+        layer's memory becomes a view of its row (zeros at first; an existing memory is copied
+        in once, as :meth:`buffer` keeps it)."""
+        rows = [layer.memory.get(self.key) for layer in layers]
+        if _rows_of_one(rows, numel):
+            return rows[0].as_strided((len(rows), numel), (numel, 1))
+        stack = like.new_zeros(len(layers), numel)
+        for layer, e, row in zip(layers, rows, stack, strict=True):
+            if e is not None:
+                keep = min(e.numel(), numel, math.prod(layer.shape))
+                row[:keep] = e.view(-1)[:keep]
+            layer.memory[self.key] = row
+        return stack
+
     def compensate(self, layer: Layer, grad: torch.Tensor) -> torch.Tensor:
         """acc = g + e (EF-SGD), flat, computed in place in the memory; without error feedback
         the flat gradient itself."""
@@ -67,3 +83,14 @@ class ErrorFeedback:
         if e is None:
             return None
         return e.view(-1)[:math.prod(layer.shape)].view(layer.shape)
+
+
+def _rows_of_one(rows: list[torch.Tensor | None], numel: int) -> bool:
+    """Whether ``rows`` are consecutive flat views of ``numel`` elements into one tensor."""
+    first = rows[0]
+    if first is None:
+        return False
+    start, base = first.storage_offset(), first.untyped_storage().data_ptr()
+    return all(e is not None and e.numel() == numel and e.is_contiguous()
+               and e.untyped_storage().data_ptr() == base
+               and e.storage_offset() == start + i * numel for i, e in enumerate(rows))

@@ -15,9 +15,17 @@ gradient viewed as ``(shape[0], -1)`` (n x m) and r = min(rank, n, m)::
     e = M - P Q^T              Alg. 2: what this worker's message left out
 
 The P's of all the bucket's layers travel in one all-reduce and the Q's in another. Each
-worker sends 32 (n r + m r) bits per layer per step. A layer with (n + m) r >= n m would send
-no fewer numbers compressed, so it goes dense instead (M all-reduced inside the P message, its
-error memory emptied); that is logged once per layer.
+worker sends 32 (n r + m r) bits per layer per step. The layers of a bucket are batched: on
+contiguous float32 CPU tensors a C kernel (:mod:`compression._powersgd_kernel`) runs each of
+the three passes over the matrices (M and P, Q, out) for all of them in one call, and leaves
+the error update e = M - P Q^T owed to the next step's first pass (:meth:`PowerSGD.settle`
+pays it at once); elsewhere (CUDA, or without a C compiler) the layers of one shape go through
+each line above as one batch (``bmm``), their error memories the rows of one tensor. Both
+orthogonalize the P's of one (n, r) as one batch. The two paths sum in different orders, so
+they agree within float32 rounding, not bit for bit (tested against each other and against
+float64 references). A layer with (n + m) r >= n m would send no fewer numbers compressed, so
+it goes dense instead (M all-reduced inside the P message, its error memory emptied); that is
+logged once per layer.
 
 Levels: the layer's rank r (an int >= 1). A rank change keeps the warm start: the first r
 columns of Q stay, new columns are the layer's initial random columns (drawn from a generator
@@ -37,12 +45,14 @@ from __future__ import annotations
 import logging
 import math
 import zlib
-from collections import defaultdict
-from typing import Any
+from itertools import groupby
+from typing import Any, NamedTuple
 
 import torch
 
+from compression import _powersgd_kernel as _kernel
 from compression import register
+from compression._native import usable
 from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, Steps
 from compression.memory import ErrorFeedback
@@ -74,6 +84,17 @@ def initial_q(seed: int, name: str, m: int, r: int) -> torch.Tensor:
     return torch.randn(r, m, generator=generator).T
 
 
+class Factors(NamedTuple):
+    """One low-rank layer of a step: its gradient as n x m, its rank r, and its views into the
+    step's P message (n x r) and Q message (Q^T, r x m; filled in the second pass)."""
+
+    layer: Layer
+    grad: torch.Tensor
+    r: int
+    p: torch.Tensor
+    qt: torch.Tensor | None = None
+
+
 @register("powersgd")
 class PowerSGD(Compressor):
     """Rank-``rank`` PowerSGD; ``seed`` seeds the initial Q (identical on every rank)."""
@@ -100,14 +121,26 @@ class PowerSGD(Compressor):
     def set_level(self, layer: Layer, level: Any) -> None:
         """A new rank; with ``restart_on_rank_change`` Q starts again from the layer's initial
         random Q, as a rebuilt reducer of the authors' code would (the error memory stays)."""
-        if self.restart and level != layer.level:
-            layer.memory.pop("q", None)
+        if level != layer.level:
+            self.settle(layer)                    # the owed P Q^T is at the old rank
+            if self.restart:
+                layer.memory.pop("q", None)
         layer.level = level
 
     def step_bits(self, shape: torch.Size, level: Any) -> int:
         n, m = shape[0], math.prod(shape[1:])
         r = min(level, n, m)
         return FP32_BITS * ((n + m) * r if (n + m) * r < n * m else n * m)
+
+    def settle(self, layer: Layer) -> None:
+        """Pay the error update the kernel left owed: e = e - P Q^T with the last step's P and
+        Q (as the next step's first pass would)."""
+        p = layer.memory.pop("p", None)
+        if p is not None:
+            lib = _kernel.kernel()
+            assert lib is not None, "an owed P exists only where the kernel runs"
+            error = self.memory.peek(layer).reshape(p.shape[0], -1)
+            _kernel.settle(lib, error, p, layer.memory["q"].T.contiguous())
 
     def aggregate(self, layers: list[Layer], grads: list[torch.Tensor], comm: Comm
                   ) -> Steps[list[Sent]]:
@@ -120,54 +153,116 @@ class PowerSGD(Compressor):
                 low_rank.append((layer, grad.view(n, m), r))
             else:
                 self._note_dense(layer.name, n, m, r)
-                dense.append((layer, grad.view(n, m)))
-
-        # P message: the P's grouped by (n, r), so each group orthogonalizes as one batch,
-        # then the dense layers' M's.
-        groups: dict[tuple[int, int], list[tuple[Layer, torch.Tensor, int]]] = defaultdict(list)
-        for item in low_rank:
-            groups[(item[1].shape[0], item[2])].append(item)
-        p_size = sum(n * r * len(g) for (n, r), g in groups.items())
+                dense.append((layer, grad.view(-1)))
+        # P message: the P's ordered by (n, r, m), so that the layers of one shape and rank are
+        # neighbours (a batch), then the dense layers' M's.
+        low_rank.sort(key=lambda item: (item[1].shape[0], item[2], item[1].shape[1]))
+        p_size = sum(grad.shape[0] * r for _, grad, r in low_rank)
         flat_p = grads[0].new_empty(p_size + sum(g.numel() for _, g in dense))
-        batches, ps, offset = [], [], 0
-        for (n, r), group in groups.items():
-            batch = flat_p[offset:offset + len(group) * n * r].view(len(group), n, r)
-            batches.append(batch)
-            for i, (layer, grad, _) in enumerate(group):
-                acc = self.memory.compensate(layer, grad).view(grad.shape)  # M = g + e
-                torch.mm(acc, self._warm_q(layer, grad, r), out=batch[i])    # P = M Q
-                ps.append((layer, grad, acc, batch[i]))
-            offset += batch.numel()
-        for layer, grad in dense:                                  # M = g + e, sent whole:
-            flat_p[offset:offset + grad.numel()].copy_(self.memory.drain(layer, grad))  # e = 0
+        factors, offset = [], 0
+        for layer, grad, r in low_rank:
+            p = flat_p[offset:offset + grad.shape[0] * r].view(grad.shape[0], r)
+            factors.append(Factors(layer, grad, r, p))
+            offset += p.numel()
+        lib = self._lib(factors)
+        mats = self._project(lib, factors)        # M = g + e; P = M Q
+        for layer, grad in dense:                 # M = g + e, sent whole: e = 0
+            flat_p[offset:offset + grad.numel()].copy_(self.memory.drain(layer, grad))
             offset += grad.numel()
 
-        yield comm.all_reduce(flat_p)                     # P = all_reduce(P)
+        yield comm.all_reduce(flat_p)             # P = all_reduce(P)
 
         offset = p_size
         for _, grad in dense:
-            torch.div(flat_p[offset:offset + grad.numel()].view_as(grad), world, out=grad)
+            torch.div(flat_p[offset:offset + grad.numel()], world, out=grad)
             offset += grad.numel()
-        for batch in batches:
-            orthogonalize(batch)                          # P = orthogonalize(P)
-        flat_q = flat_p.new_empty(sum(acc.shape[1] * p.shape[1] for _, _, acc, p in ps))
-        qs, offset = [], 0
-        for _, _, acc, p in ps:
-            q = flat_q[offset:offset + acc.shape[1] * p.shape[1]].view(acc.shape[1], p.shape[1])
-            torch.mm(acc.T, p, out=q)                     # Q = M^T P
-            qs.append(q)
-            offset += q.numel()
+        for _, run in groupby(factors, key=lambda f: (f.grad.shape[0], f.r)):
+            orthogonalize(_stack_p(list(run)))    # P = orthogonalize(P), one batch per (n, r)
+        flat_q = flat_p.new_empty(sum(f.grad.shape[1] * f.r for f in factors))
+        offset = 0
+        for i, f in enumerate(factors):
+            qt = flat_q[offset:offset + f.r * f.grad.shape[1]].view(f.r, f.grad.shape[1])
+            factors[i] = f._replace(qt=qt)
+            offset += qt.numel()
+        self._back(lib, factors, mats)            # Q = M^T P (as Q^T = P^T M)
 
         yield comm.all_reduce(flat_q)
-        flat_q.div_(world)                                # Q = all_reduce(Q) / W
+        flat_q.div_(world)                        # Q = all_reduce(Q) / W
 
-        for (layer, grad, acc, p), q in zip(ps, qs, strict=True):
-            if self.memory.enabled:
-                acc.addmm_(p, q.T, alpha=-1)              # e = M - P Q^T
-            torch.mm(p, q.T, out=grad)                    # out = P Q^T
-            layer.memory["q"] = q                         # warm start for the next step
+        self._expand(lib, factors, mats)          # out = P Q^T; e = M - P Q^T
+        for f in factors:
+            f.layer.memory["q"] = f.qt.T          # warm start for the next step
         bits = [self.step_bits(layer.shape, layer.level) for layer in layers]
         return [Sent(b, b) for b in bits]
+
+    # ---- the three passes: the C kernel, or batched torch ops -----------------------------
+    def _lib(self, factors: list[Factors]) -> Any:
+        """The C kernel where it can take every tensor of the step, else None."""
+        if not factors:
+            return None
+        tensors = [f.grad for f in factors]
+        if self.memory.enabled:
+            tensors += [self.memory.buffer(f.layer, f.grad.numel(), f.grad) for f in factors]
+        return _kernel.kernel() if usable(torch.float32, *tensors) else None
+
+    def _project(self, lib: Any, factors: list[Factors]) -> list[torch.Tensor]:
+        """M = g + e (into the error memory; without error feedback M = g) and P = M Q for
+        every layer; returns the M's: one per layer (kernel) or one batch per shape (eager)."""
+        if lib is None:
+            return self._eager_project(factors)
+        errors = ([self.memory.buffer(f.layer, f.grad.numel(), f.grad).view(f.grad.shape)
+                   for f in factors] if self.memory.enabled else [None] * len(factors))
+        owed = []
+        for f in factors:
+            p = f.layer.memory.pop("p", None)      # paid by this pass
+            owed.append(None if p is None else (p, f.layer.memory["q"].T.contiguous()))
+        qts = [self._warm_q(f.layer, f.grad, f.r).T.contiguous() for f in factors]
+        _kernel.project(lib, errors, [f.grad for f in factors], qts, owed,
+                        [f.p for f in factors])
+        return [f.grad if e is None else e for f, e in zip(factors, errors, strict=True)]
+
+    def _back(self, lib: Any, factors: list[Factors], mats: list[torch.Tensor]) -> None:
+        """Q^T = P^T M for every layer, into its view of the Q message."""
+        if lib is not None:
+            _kernel.back(lib, mats, [f.p for f in factors], [f.qt for f in factors])
+            return
+        for batch, mat in zip(_batches(factors), mats, strict=True):
+            torch.bmm(_stack_p(batch).transpose(1, 2), mat, out=_stack_qt(batch))
+
+    def _expand(self, lib: Any, factors: list[Factors], mats: list[torch.Tensor]) -> None:
+        """out = P Q^T into every gradient; e = M - P Q^T (the kernel owes it: P is kept)."""
+        if lib is not None:
+            _kernel.expand(lib, [f.grad for f in factors], [f.p for f in factors],
+                           [f.qt for f in factors])
+            if self.memory.enabled:
+                for f in factors:
+                    f.layer.memory["p"] = f.p
+            return
+        for batch, mat in zip(_batches(factors), mats, strict=True):
+            p, qt = _stack_p(batch), _stack_qt(batch)
+            if self.memory.enabled:
+                mat.baddbmm_(p, qt, alpha=-1)     # e = M - P Q^T
+            for f in batch:
+                torch.mm(f.p, f.qt, out=f.grad)   # out = P Q^T
+
+    def _eager_project(self, factors: list[Factors]) -> list[torch.Tensor]:
+        """The first pass in torch ops, one batch (``bmm``) per shape and rank."""
+        mats = []
+        for batch in _batches(factors):
+            for f in batch:
+                self.settle(f.layer)               # an owed P from the kernel (another device)
+            n, m = batch[0].grad.shape
+            grads = [f.grad for f in batch]
+            if self.memory.enabled:                # M = g + e, in the memories (rows of one)
+                rows = self.memory.stacked([f.layer for f in batch], n * m, grads[0])
+                torch._foreach_add_(list(rows), [g.view(-1) for g in grads])
+                mat = rows.view(len(batch), n, m)
+            else:
+                mat = torch.stack(grads)           # M = g (out overwrites g later)
+            q = torch.stack([self._warm_q(f.layer, f.grad, f.r) for f in batch])
+            torch.bmm(mat, q, out=_stack_p(batch))  # P = M Q
+            mats.append(mat)
+        return mats
 
     def _warm_q(self, layer: Layer, grad: torch.Tensor, r: int) -> torch.Tensor:
         """The previous step's Q (m x r), cut or extended to rank r after a level change."""
@@ -182,3 +277,23 @@ class PowerSGD(Compressor):
             self._noted_dense.add(name)
             log.info("powersgd: %s (%d x %d) goes uncompressed: rank %d would send %d numbers "
                      "instead of %d", name, n, m, r, (n + m) * r, n * m)
+
+
+def _batches(factors: list[Factors]) -> list[list[Factors]]:
+    """The runs of layers of one shape and rank (neighbours in the messages)."""
+    return [list(run) for _, run in groupby(factors, key=lambda f: (*f.grad.shape, f.r))]
+
+
+def _stack_p(batch: list[Factors]) -> torch.Tensor:
+    """The batch's P's (of one n and r) as one (count, n, r) view of the P message."""
+    return _run_view(batch[0].p, len(batch))
+
+
+def _stack_qt(batch: list[Factors]) -> torch.Tensor:
+    """The batch's Q^T's as one (count, r, m) view of the Q message."""
+    return _run_view(batch[0].qt, len(batch))
+
+
+def _run_view(first: torch.Tensor, count: int) -> torch.Tensor:
+    """``count`` matrices shaped as ``first`` that follow it in its message, as one batch."""
+    return first.as_strided((count, *first.shape), (first.numel(), *first.stride()))

@@ -166,7 +166,8 @@ class TopK(GatherCompressor):
         lib = (_kernel.kernel() if usable(torch.float32, error, grad)
                and usable(torch.int32, message) else None)
         if lib is not None:                             # the same, fused in one pass
-            workspace = self._scratch.take("histogram", _kernel.HISTOGRAM, grad, torch.int32)
+            workspace = self._scratch.take("histogram", _kernel.workspace_size(grad.numel()),
+                                           grad, torch.int32)
             _kernel.compress(lib, error, grad, k, message, workspace)
             return VALUE_AND_INDEX_BITS * k
         acc = error.add_(grad)                          # acc = g + e

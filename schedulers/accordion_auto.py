@@ -378,7 +378,7 @@ class AccordionAuto(Scheduler):
             raise ConfigError("scheduler.budget: rule 'budget' needs a budget (a fraction of "
                               "the dense fp32 bits > 0), got null")
         if epochs is not None:
-            check_int(epochs, "scheduler.epochs")
+            check_int(epochs, "scheduler.epochs", 1)
         self.history = History(eta, interval)
         self.probing = Probing(interval, probe_steps, probe_sample)
         self.chooser = Chooser([], rule, float(fraction_low), float(fraction_high),

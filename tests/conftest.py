@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -183,6 +184,18 @@ def without_a_compiler(library: Library, tmp_path: Path, monkeypatch: pytest.Mon
         own += [w for w in record if str(w.message).startswith(f"{library.name}:")]
     finally:
         library.reset()
+
+
+def kernel_and_eager(library: Library, name: str, steps: list[list[torch.Tensor]],
+                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **params: Any
+                     ) -> tuple[list[Any], list[Any]]:
+    """``compression.simulate(name, steps, **params)`` as it runs here (``library``'s kernel),
+    then without a compiler (the eager torch path; ``library`` must warn once): both results."""
+    kernel = compression.simulate(name, steps, **params)
+    with without_a_compiler(library, tmp_path, monkeypatch) as record:
+        eager = compression.simulate(name, steps, **params)
+    assert len(record) == 1
+    return kernel, eager
 
 
 # ---- analysis: real run records of tiny runs, trained once per session ----------------------

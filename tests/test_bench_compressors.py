@@ -1,22 +1,97 @@
-"""``make bench-compressors`` at a tiny size: every method it times runs, and each of the zoo's
-compressors stands beside its peer (no timing is checked: the machine is shared)."""
+"""``make bench-compressors`` at a tiny size: every method it times runs, each of the zoo's
+compressors stands beside its peer, both sides of a baseline comparison are written, and the
+compression programs ``make bench-e2e`` charges are recorded. Nothing here asserts a time."""
 
 from __future__ import annotations
 
+import csv
 import math
+import subprocess
+import sys
 
+import pytest
 import torch
 
 from benchmarks import compressor_peers
-from benchmarks.compressors import compressor_methods, resnet18_buckets, time_interleaved
+from benchmarks.compressors import (
+    GOALS,
+    Recorder,
+    compressor_methods,
+    main,
+    record,
+    resnet18_buckets,
+    run_step,
+)
+from compression.base import Layer
+from compression.comm import SimComm
+from compression.hook import aggregate_bucket
+from compression.powersgd import PowerSGD
+from compression.topk import TopK
 from core.ranks import run_ranks
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize("compressor", [PowerSGD(2), TopK(0.5)])
+def test_a_program_notes_every_start_and_wait_in_order(compressor: object) -> None:
+    # A bucket of a bias (the hook's dense all-reduce, started first and waited for last) and
+    # two matrices: PowerSGD waits for P then Q, Top-K for its one all-gather.
+    comm = Recorder(SimComm.group(1)[0])
+    grads = [torch.randn(7), torch.randn(12, 30), torch.randn(8, 3, 3, 3)]
+    layers = [Layer(f"l{i}", g.shape, 2 if isinstance(compressor, PowerSGD) else 0.5)
+              for i, g in enumerate(grads[1:])]
+    ops = record(aggregate_bucket(compressor, grads[:1], layers, grads[1:], comm), comm)
+    kinds = [(op, x) for op, x in ops if op != "cpu"]
+    if isinstance(compressor, PowerSGD):
+        assert kinds == [("start", 0), ("start", 1), ("wait", 1), ("start", 2), ("wait", 2),
+                         ("wait", 0)]
+    else:
+        assert kinds == [("start", 0), ("start", 1), ("wait", 1), ("wait", 0)]
+    assert [op for op, _ in ops][0::2] == ["cpu"] * (len(kinds) + 1)  # work between each
+    assert all(x >= 0 for op, x in ops if op == "cpu")
+
+
+BASELINE = "598decd"  # the commit before issue 27's work (and before the zoo and CUDA timers)
+
+
+@pytest.mark.slow
+def test_a_baseline_run_writes_both_sides_and_the_goals(tmp_path) -> None:
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{BASELINE}^{{commit}}"],
+                           capture_output=True)
+    if known.returncode != 0:
+        pytest.skip(f"not a git checkout with {BASELINE} in its history: no baseline")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.compressors", "--width", "8",
+                           "--repeats", "1", "--ddp-steps", "1", "--baseline", BASELINE,
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    with open(tmp_path / "compressors.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    this = [r["method"] + r["level"] for r in rows if r["side"] == "this"]
+    baseline = [r["method"] + r["level"] for r in rows if r["side"] == "baseline"]
+    assert this[:len(baseline)] == baseline  # the methods both commits have, in one order
+    only_this = [r["method"] for r in rows if r["side"] == "this"][len(baseline):]
+    assert {f"ours {n}" for n in (*compressor_peers.ZOO, *compressor_peers.HOOKS)} <= set(
+        only_this)  # the zoo, which the baseline predates
+    assert [m.startswith("DDP step") for m in only_this[-2:]] == [True, True]
+    assert all(float(r["x_clone"]) > 0 for r in rows if r["x_clone"])
+    text = (tmp_path / "compressors.md").read_text()
+    assert "width 8: a check only" in text and "load average (1 min) at the repeats" in text
+    goals = text.split("**Issue 27's goals**")[1].split("\n\n")[1].splitlines()[2:]
+    assert len(goals) == len(GOALS)
+    assert all(row.endswith((" yes |", " no |")) for row in goals)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
+def test_cuda_without_a_gpu_skips_in_one_line(tmp_path, capsys) -> None:
+    assert main(["--device", "cuda", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().count("\n") == 0
+    assert not list(tmp_path.iterdir())
 
 
 def _one_repeat(rank: int, world: int) -> tuple[list[dict], dict[str, float]]:
     model, buckets = resnet18_buckets(batch=2, width=4)
     methods, rows = compressor_methods(model, buckets)
-    median, _ = time_interleaved(methods, buckets, repeats=1)
-    return rows, median
+    return rows, {key: run_step(fn, buckets)[0] for key, fn in methods.items()}
 
 
 def test_every_zoo_compressor_runs_beside_its_peer() -> None:

@@ -65,6 +65,14 @@ def test_every_method_gets_a_row_with_measured_and_modelled_numbers(bench) -> No
     for r in rows:
         expected = float(r["lo_expected_MB"])
         assert expected <= float(r["lo_MB"]) <= 1.1 * expected + 0.05, r["key"]
+    # the second ideal charges our compressors their work alone (slower than the first ideal);
+    # PyTorch's hook is not charged
+    for r in rows:
+        if r["key"].startswith("torch-"):
+            assert r["charged_ms"] == r["alone_ms"] == ""
+        else:
+            assert float(r["charged_ms"]) > float(r["ideal_ms"]) and float(r["alone_ms"]) > 0
+            assert math.isfinite(float(r["charged_efficiency"]))
 
 
 def test_collectives_are_attributed_to_their_buckets(bench) -> None:
@@ -80,10 +88,25 @@ def test_collectives_are_attributed_to_their_buckets(bench) -> None:
     assert {op for _, op, _, _ in psgd} == {"all_reduce"}
 
 
+def test_compression_programs_fit_the_buckets_the_ranks_ran(bench) -> None:
+    raw = json.loads((bench / "raw" / "e2e" / "resnet18-ratio1.json").read_text())
+    programs = json.loads((bench / "raw" / "e2e" / "programs" / "resnet18.json").read_text())
+    assert set(programs) == {"none", *(m for m in METHODS if not m.startswith("torch-"))}
+    for key, buckets in programs.items():
+        issued = raw["ranks"][0]["steps"][key][-1]["collectives"]
+        assert len(buckets) == len(raw["ranks"][0]["bucket_sizes"])
+        for b, ops in enumerate(buckets):
+            starts = [x for op, x in ops if op == "start"]
+            assert starts == list(range(sum(1 for c in issued if c[0] == b)))
+            assert {x for op, x in ops if op == "wait"} <= set(starts)
+            assert all(x >= 0 for op, x in ops if op == "cpu")
+
+
 def test_calibration_and_report_are_written(bench) -> None:
     text = (bench / "e2e.md").read_text()
     assert "| resnet18 | unlimited |" in text and "| resnet18 | 1 | " in text
     assert "| PowerSGD rank 1 |" in text and "| AdaComp L_T 50/500 |" in text
+    assert "**Against the ideal that charges compression**" in text
     context = json.loads((bench / "raw" / "e2e" / "context.json").read_text())
     assert context["steps"] == 1 and context["minutes"] > 0
 

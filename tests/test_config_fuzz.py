@@ -61,7 +61,10 @@ COMPANIONS = {
                 "wikitext2": ["model=lstm", "dataset.num_classes=null"],
                 "shakespeare": ["model=char_lstm", "dataset.num_classes=null"],
                 "synthetic_text": ["model=lstm"]},
-    "scheduler": {name: ["compressor=topk"] for name in ("accordion", "accordion_joint")},
+    "scheduler": {**{name: ["compressor=topk"] for name in ("accordion", "accordion_joint")},
+                  # the measured endpoints need 2 workers to measure the noise between
+                  "accordion_auto": ["compressor=topk", "trainer.workers=2"],
+                  "accordion_batch_auto": ["trainer.workers=2"]},
 }
 # Fields whose default is null or whose type the default does not tell: their kind.
 KINDS = {
@@ -72,7 +75,8 @@ KINDS = {
     "trainer.dist_timeout_s": "float", "trainer.bucket_cap_mb": "float",
     "logger.init_timeout_s": "float", "logger.finish_timeout_s": "float",
     "dataset.rotation": "float", "scheduler.low": "level?", "scheduler.high": "level?",
-    "trainer.progress": "choice", "optimizer.schedule.decay_factors": "list_float",
+    "trainer.progress": "choice", "trainer.numerics": "choice",
+    "trainer.progress_every_s": "float", "optimizer.schedule.decay_factors": "list_float",
     "optimizer.schedule.milestones": "list_int", "optimizer.schedule.warmup_start_lr": "float",
     "optimizer.weight_decay": "float", "optimizer.momentum": "float", "optimizer.lr": "float",
     "scheduler.eta": "float", "dataset.noise": "float", "dataset.alpha": "float",
@@ -83,9 +87,13 @@ KINDS = {
     "trainer.workers": "int?", "compressor.bucket_size": "int?", "compressor.clip": "float?",
     "compressor.clip_norm": "float?", "compressor.momentum": "float",
     "compressor.sample_ratio": "float",
+    "scheduler.budget": "float?", "scheduler.epochs": "int?", "scheduler.batches": "list_int?",
+    "scheduler.fraction_low": "float", "scheduler.fraction_high": "float",
+    "scheduler.probe_sample": "float", "scheduler.rule": "choice",
 }
-CHOICE_FIELDS = ("trainer.device", "trainer.progress", "logger.mode", "compressor.reduce",
-                 "scheduler.lr_scaling", "dataset.eval_split", "model.classifier", "dataset.task")
+CHOICE_FIELDS = ("trainer.device", "trainer.progress", "trainer.numerics", "logger.mode",
+                 "compressor.reduce", "scheduler.lr_scaling", "dataset.eval_split",
+                 "model.classifier", "dataset.task", "scheduler.rule")
 # Allowed ranges, as the docs and the config files state them: (low, high, low_open,
 # high_open); None = unbounded. Integer fields list their bounds as integers.
 RANGES = {
@@ -94,7 +102,7 @@ RANGES = {
     "trainer.workers": (1, 4096),
     "trainer.micro_batch_size": (1, None), "trainer.grad_clip": (0.0, None, True),
     "trainer.dist_timeout_s": (0.0, 604800.0, True), "trainer.bucket_cap_mb": (0.0, 65536.0, True),
-    "trainer.preempt_check_every": (1, None),
+    "trainer.preempt_check_every": (1, None), "trainer.progress_every_s": (0.0, None, True),
     "optimizer.lr": (0.0, None, True), "optimizer.momentum": (0.0, 1.0, False, True),
     "optimizer.weight_decay": (0.0, None), "optimizer.schedule.warmup_epochs": (0, None),
     "optimizer.schedule.warmup_start_lr": (0.0, None, True),
@@ -121,6 +129,9 @@ RANGES = {
     "compressor.levels": (1, 1 << 16), "compressor.bucket_size": (1, 1 << 24),
     "compressor.clip": (0.0, None, True), "compressor.clip_norm": (0.0, None, True),
     "compressor.momentum": (0.0, 1.0, False, True), "compressor.sample_ratio": (0.0, 1.0, True),
+    "scheduler.budget": (0.0, None, True), "scheduler.epochs": (1, None),
+    "scheduler.fraction_low": (0.0, None, True), "scheduler.fraction_high": (0.5, None),
+    "scheduler.probe_steps": (1, None), "scheduler.probe_sample": (0.0, 1.0, True),
 }
 FIELD_LINE = re.compile(r"^[A-Za-z_][\w.]*(\[\d+\])?: \S")  # "trainer.epochs: expected ..."
 
@@ -222,9 +233,10 @@ def with_value(cfg: DictConfig, field: str, value: Any) -> DictConfig:
 
 
 def check(cfg: DictConfig) -> None:
-    """The real validation, for one process (world size 1): it resolves every key and builds the
-    model (on the meta device), the compressor and the scheduler; then the LR schedule."""
-    config.validate(cfg, world_size=1, run_dir=Path("/nonexistent"))
+    """The real validation, for one process (its trainer.workers simulated learners, else world
+    size 1): it resolves every key and builds the model (on the meta device), the compressor and
+    the scheduler; then the LR schedule."""
+    config.validate(cfg, world_size=config.world_size(cfg, 1), run_dir=Path("/nonexistent"))
     for epoch in sorted({0, 1, cfg.trainer.epochs - 1, *cfg.optimizer.schedule.milestones}):
         assert math.isfinite(lr_at(cfg.optimizer, epoch))
 
@@ -315,10 +327,12 @@ def _choices(field: str) -> tuple:
     if field.endswith(".name"):
         return tuple(names[field.split(".")[0]]())
     return {"trainer.device": ("auto", "cpu", "cuda"), "trainer.progress": ("auto",),
+            "trainer.numerics": ("portable", "native"),
             "logger.mode": ("offline", "online", "disabled"), "compressor.reduce": ("mean", "sum"),
             "scheduler.lr_scaling": ("linear", "sqrt", "none"),
             "dataset.eval_split": ("test", "valid"), "model.classifier": ("cifar10", "cifar100"),
-            "dataset.task": ("classification", "language_model")}[field]
+            "dataset.task": ("classification", "language_model"),
+            "scheduler.rule": ("noise", "noise_abs", "budget")}[field]
 
 
 @pytest.mark.slow

@@ -16,9 +16,9 @@ from compression.topk import TopK
 from tests.conftest import (
     assert_same_bits,
     bits_of,
+    kernel_and_eager,
     require_kernel,
     simulate_run,
-    without_a_compiler,
 )
 
 SHAPES = ((6, 40), (8, 3, 3, 3), (300, 400))  # 120000 > 4 * SAMPLE: the sampled path
@@ -134,6 +134,41 @@ def test_kernel_keeps_inf_and_nan_first(monkeypatch: pytest.MonkeyPatch) -> None
         assert torch.equal(bits_of(out), bits_of(out_e))
 
 
+def sampled_places(n: int) -> list[int]:
+    """Where the kernel samples acc to bracket T in a layer of n elements (kernels/topk.c)."""
+    x, places = n, []
+    for _ in range(topk_kernel.SAMPLE):
+        x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
+        places.append((x >> 32) * n >> 32)
+    return places
+
+
+@pytest.mark.parametrize("off", ["high", "low"])
+@pytest.mark.parametrize("ratio", [0.25, 0.02])
+def test_kernel_is_exact_when_the_sample_is_off(off: str, ratio: float,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sampled places hold the layer's largest (or smallest) magnitudes: the sample's bracket
+    # misses T, and the histogram of every entry must take over.
+    n = topk_kernel.SAMPLED_MIN + 1024
+    grad = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    places = torch.tensor(sampled_places(n))
+    grad[places] = 1e3 + torch.arange(len(places), dtype=torch.float32) if off == "high" \
+        else 1e-30 * torch.ones(len(places))
+    k = max(1, math.floor(ratio * n))
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        compressor, layer = TopK(ratio), Layer("layer", torch.Size([n // 8, 8]), ratio)
+        message = torch.empty(2 * k, dtype=torch.int32)
+        compressor.compress(layer, grad.clone(), message)
+        return message, layer.memory["error"]
+
+    message, error = run()
+    assert torch.equal(message[k:], ref_kept(grad, k))
+    eager_topk(monkeypatch)
+    message_e, error_e = run()
+    assert torch.equal(message, message_e) and torch.equal(bits_of(error), bits_of(error_e))
+
+
 def test_buffers_are_per_worker_and_bucket() -> None:
     # Two buckets in flight at once (the second compressed before the first one's gather is
     # read, as when the hook's buckets overlap) must not share the message or gather buffers.
@@ -162,10 +197,8 @@ def test_decompress_rejects_an_out_of_range_index() -> None:
 def test_without_a_compiler_warns_once_and_runs_eager(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     steps = grads_with_ties((50, 20), 2, steps=3)
-    fused = compression.simulate("topk", steps, ratio=0.1)
-    with without_a_compiler(topk_kernel.LIBRARY, tmp_path, monkeypatch) as record:
-        eager = compression.simulate("topk", steps, ratio=0.1)
-    assert len(record) == 1
+    fused, eager = kernel_and_eager(topk_kernel.LIBRARY, "topk", steps, tmp_path, monkeypatch,
+                                    ratio=0.1)
     for (out, _), (out_e, _) in zip(fused, eager, strict=True):
         assert torch.equal(bits_of(out), bits_of(out_e))
 

@@ -25,6 +25,7 @@ import compression
 import data
 import models
 import schedulers
+from core import numerics
 from core.errors import (
     ConfigError,
     check_bool,
@@ -210,6 +211,7 @@ def _check_trainer(t: Any, world_size: int) -> None:
     if t.progress != "auto" and not isinstance(t.progress, bool):
         raise ConfigError(f"trainer.progress: expected auto, true or false, got {t.progress!r}")
     check_number(t.progress_every_s, "trainer.progress_every_s", 0, low_open=True)
+    numerics.check_mode(t.numerics)
     check_bool(t.deterministic, "trainer.deterministic")
     signals.check_names(t.preempt_signals)
     check_int(t.preempt_check_every, "trainer.preempt_check_every", 1)

@@ -1,6 +1,7 @@
 /* Top-K's CPU kernel: error feedback, exact radix selection and the message (compression/
    topk.py). The Python side is compression/_topk_kernel.py: its docstring describes the passes,
-   and it defines HIGH_BITS and LOW_BITS (-D), from which it sizes the histograms' workspace. */
+   and it defines HIGH_BITS, LOW_BITS, SAMPLE and SAMPLED_MIN (-D), from which it sizes the
+   workspace. */
 #include "prelude.h"
 
 _Static_assert(HIGH_BITS + LOW_BITS == 31, "the two histograms split the 31 bits of |acc|");
@@ -20,6 +21,60 @@ static void accumulate(float *error, const float *grad, int64_t n, int32_t *high
         error[i] = acc;
         ++high[key(acc) >> LOW_BITS];
     }
+}
+
+/* high[key(acc) >> LOW_BITS] counts over acc (already summed: the fallback of the sampled
+   pass). */
+static void histogram(const float *acc, int64_t n, int32_t *high) {
+    memset(high, 0, HIGH * sizeof(int32_t));
+    for (int64_t i = 0; i < n; ++i) ++high[key(acc[i]) >> LOW_BITS];
+}
+
+/* The bucket (of keys >> shift, histogram count over buckets - 1 .. 0) that holds the k-th
+   largest key, and in *above the entries in higher buckets (plus what it held before). */
+static int32_t bucket_of(const int32_t *count, int32_t buckets, int64_t k, int64_t *above) {
+    int32_t bucket = buckets - 1;
+    while (*above + count[bucket] < k) *above += count[bucket--];
+    return bucket;
+}
+
+/* The sample: the keys of acc = e + g at SAMPLE fixed pseudo-random places (read, not stored),
+   as a histogram of their high buckets. The sampled pass keeps as candidates the buckets *lo to
+   *hi, which hold the k-th largest key unless the sample is far off: its rank among the sample
+   is about q SAMPLE (q = k / n), give or take 4 binomial standard deviations and 2. */
+static void bracket(const float *error, const float *grad, int64_t n, int64_t k, int32_t *high,
+                    int32_t *lo, int32_t *hi) {
+    memset(high, 0, HIGH * sizeof(int32_t));
+    uint64_t x = (uint64_t)n;
+    for (int s = 0; s < SAMPLE; ++s) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;   /* Knuth's MMIX LCG */
+        int64_t i = (int64_t)((x >> 32) * (uint64_t)n >> 32);       /* n < 2^31 */
+        ++high[key(error[i] + grad[i]) >> LOW_BITS];
+    }
+    int64_t rank = (SAMPLE * k + n - 1) / n, variance = SAMPLE * k / n * (n - k) / n, sd = 0;
+    while ((sd + 1) * (sd + 1) <= variance) ++sd;
+    int64_t margin = 4 * (sd + 1) + 2, above = 0, below = 0;
+    *hi = rank - margin < 1 ? HIGH - 1 : bucket_of(high, HIGH, rank - margin, &above);
+    *lo = rank + margin > SAMPLE ? 0 : bucket_of(high, HIGH, rank + margin, &below);
+}
+
+/* Pass 1, sampled: acc = g + e, stored in e; *above counts the entries in buckets above hi,
+   and the keys in buckets lo .. hi go to cand, as long as there is room for them (capacity).
+   Returns how many there are (more than capacity: cand holds the first ones). */
+static int64_t candidates_scalar(float *error, const float *grad, int64_t i, int64_t n,
+                                 int32_t lo, int32_t hi, int32_t *cand, int64_t count,
+                                 int64_t capacity, int64_t *above) {
+    for (; i < n; ++i) {
+        float acc = error[i] + grad[i];                      /* acc = g + e */
+        error[i] = acc;
+        int32_t b = key(acc) >> LOW_BITS;
+        *above += b > hi;
+        if (b >= lo && b <= hi) {
+            if (count < capacity) cand[count] = key(acc);
+            ++count;
+        }
+    }
+    return count;
 }
 
 /* Pass 2: low[key & (LOW - 1)] counts over the entries whose key >> LOW_BITS is bucket. */
@@ -44,6 +99,43 @@ static void refine_avx2(const float *acc, int64_t n, int32_t bucket, int32_t *lo
 }
 #endif
 
+#ifdef X86
+static int32_t PACK[256][8];  /* PACK[mask]: the lanes set in mask, first */
+__attribute__((constructor)) static void init_pack(void) {
+    for (int mask = 0; mask < 256; ++mask)
+        for (int lane = 0, c = 0; lane < 8; ++lane)
+            if (mask >> lane & 1) PACK[mask][c++] = lane;
+}
+
+/* candidates_scalar, eight lanes at a time while a whole vector of candidates fits. */
+__attribute__((target("avx2,popcnt")))
+static int64_t candidates_avx2(float *error, const float *grad, int64_t n, int32_t lo,
+                               int32_t hi, int32_t *cand, int64_t capacity, int64_t *above) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    const __m256i vlo = _mm256_set1_epi32(lo - 1), vhi = _mm256_set1_epi32(hi);
+    __m256i counted = _mm256_setzero_si256();                /* minus the entries above hi */
+    int64_t j = 0, count = 0;
+    for (; j + 8 <= n && count + 8 <= capacity; j += 8) {
+        __m256 a = _mm256_add_ps(_mm256_loadu_ps(error + j), _mm256_loadu_ps(grad + j));
+        _mm256_storeu_ps(error + j, a);
+        __m256i u = _mm256_and_si256(_mm256_castps_si256(a), abs_mask);
+        __m256i b = _mm256_srli_epi32(u, LOW_BITS);
+        __m256i over = _mm256_cmpgt_epi32(b, vhi);
+        counted = _mm256_add_epi32(counted, over);
+        int in = _mm256_movemask_ps(_mm256_castsi256_ps(
+            _mm256_andnot_si256(over, _mm256_cmpgt_epi32(b, vlo))));
+        if (!in) continue;
+        __m256i order = _mm256_loadu_si256((const __m256i *)PACK[in]);
+        _mm256_storeu_si256((__m256i *)(cand + count), _mm256_permutevar8x32_epi32(u, order));
+        count += __builtin_popcount(in);
+    }
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, counted);
+    for (int l = 0; l < 8; ++l) *above -= lanes[l];
+    return candidates_scalar(error, grad, j, n, lo, hi, cand, count, capacity, above);
+}
+#endif
+
 /* Pass 3, from entry j: keep the entries with key > t, and the first `*ties` with key == t,
    until `*count` reaches k; a kept entry's value and index go to values/index[*count], and
    e = 0 there. Writes nothing past values/index[k - 1]. */
@@ -63,17 +155,13 @@ static int64_t emit_scalar(float *acc, int64_t j, int64_t n, int32_t t, int64_t 
 }
 
 #ifdef X86
-static int32_t PACK[256][8];  /* PACK[mask]: the lanes set in mask, first */
-__attribute__((constructor)) static void init_pack(void) {
-    for (int mask = 0; mask < 256; ++mask)
-        for (int lane = 0, c = 0; lane < 8; ++lane)
-            if (mask >> lane & 1) PACK[mask][c++] = lane;
-}
-
 /* emit_scalar, eight lanes at a time while whole vectors fit below k; the rest scalar. */
 __attribute__((target("avx2,popcnt")))
 static int64_t emit_avx2(float *acc, int64_t n, int32_t t, int64_t *ties, int64_t k,
                          float *values, int32_t *index) {
+    /* Where most vectors keep an entry, a branch around the empty ones mispredicts more often
+       than the stores it saves cost: only under 1 kept in 8 is it taken. */
+    const int sparse = 8 * k < n;
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), vt = _mm256_set1_epi32(t);
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);  /* lane i: bit i */
@@ -85,7 +173,7 @@ static int64_t emit_avx2(float *acc, int64_t n, int32_t t, int64_t *ties, int64_
         int tied = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(u, vt)));
         for (; tied && *ties > 0; tied &= tied - 1, --*ties)  /* the first ties, in order */
             kept |= tied & -tied;
-        if (!kept) continue;
+        if (!kept && sparse) continue;
         __m256i order = _mm256_loadu_si256((const __m256i *)PACK[kept]);
         __m256i j8 = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), lanes);
         _mm256_storeu_ps(values + count, _mm256_permutevar8x32_ps(a, order));
@@ -98,34 +186,68 @@ static int64_t emit_avx2(float *acc, int64_t n, int32_t t, int64_t *ties, int64_
 }
 #endif
 
-/* Top-K of one layer: acc = g + e; the k largest |acc| (ties: the first) to values/index in
-   index order; e = acc there, 0 at them. workspace: HIGH + LOW int32. */
-void topk_compress(float *error, const float *grad, int64_t n, int64_t k, float *values,
-                   int32_t *index, int32_t *workspace) {
+/* T (the k-th largest key) and how many entries equal to T are kept, given the bucket it is in
+   and the entries above that bucket: refined over the low bits of the keys in the bucket, from
+   acc (n floats) or from the candidates' keys (cand: count of them). */
+static int32_t threshold(const float *acc, int64_t n, const int32_t *cand, int64_t count,
+                         int32_t bucket, int64_t above, const int32_t *high, int64_t k,
+                         int32_t *low, int64_t *ties) {
+    *ties = 0;
+    if (above + high[bucket] == k) return (bucket << LOW_BITS) - 1;  /* the whole bucket: > t */
+    memset(low, 0, LOW * sizeof(int32_t));
+    if (cand) {
+        for (int64_t c = 0; c < count; ++c)
+            if (cand[c] >> LOW_BITS == bucket) ++low[cand[c] & (LOW - 1)];
+    } else {
 #ifdef X86
-    int avx2 = use_avx2();
-#endif
-    int32_t *high = workspace, *low = workspace + HIGH;
-    accumulate(error, grad, n, high);
-    int32_t bucket = HIGH - 1;
-    int64_t above = 0;                                      /* entries in higher buckets */
-    while (above + high[bucket] < k) above += high[bucket--];
-    int32_t t = (bucket << LOW_BITS) - 1;                   /* the whole bucket kept: > t */
-    int64_t ties = 0;
-    if (above + high[bucket] > k) {                         /* T: the k-th largest key */
-        memset(low, 0, LOW * sizeof(int32_t));
-#ifdef X86
-        if (avx2) refine_avx2(error, n, bucket, low);
+        if (use_avx2()) refine_avx2(acc, n, bucket, low);
         else
 #endif
-        refine_scalar(error, 0, n, bucket, low);
-        int32_t r = LOW - 1;
-        while (above + low[r] < k) above += low[r--];
-        t = bucket << LOW_BITS | r;
-        ties = k - above;                                   /* of the low[r] equal to T */
+        refine_scalar(acc, 0, n, bucket, low);
     }
+    int32_t r = bucket_of(low, LOW, k, &above);
+    *ties = k - above;                                      /* of the low[r] equal to T */
+    return bucket << LOW_BITS | r;
+}
+
+/* Pass 1 and the threshold: T and its ties. Large layers take the sampled pass (candidates
+   from a sample's bracket) and fall back to a histogram of acc where the sample was off. */
+static int32_t select_t(float *error, const float *grad, int64_t n, int64_t k,
+                        int32_t *workspace, int64_t capacity, int64_t *ties) {
+    int32_t *high = workspace, *low = workspace + HIGH, *cand = low + LOW;
+    int64_t above = 0;
+    if (n >= SAMPLED_MIN && k < n) {
+        int32_t lo, hi;
+        bracket(error, grad, n, k, high, &lo, &hi);
+        int64_t count;
 #ifdef X86
-    if (avx2) { emit_avx2(error, n, t, &ties, k, values, index); return; }
+        if (use_avx2()) count = candidates_avx2(error, grad, n, lo, hi, cand, capacity, &above);
+        else
+#endif
+        count = candidates_scalar(error, grad, 0, n, lo, hi, cand, 0, capacity, &above);
+        if (count <= capacity && above < k && above + count >= k) {  /* T is a candidate */
+            memset(high, 0, HIGH * sizeof(int32_t));
+            for (int64_t c = 0; c < count; ++c) ++high[cand[c] >> LOW_BITS];
+            int32_t bucket = bucket_of(high, HIGH, k, &above);
+            return threshold(NULL, 0, cand, count, bucket, above, high, k, low, ties);
+        }
+        histogram(error, n, high);                          /* the sample was off */
+        above = 0;
+    } else {
+        accumulate(error, grad, n, high);
+    }
+    int32_t bucket = bucket_of(high, HIGH, k, &above);
+    return threshold(error, n, NULL, 0, bucket, above, high, k, low, ties);
+}
+
+/* Top-K of one layer: acc = g + e; the k largest |acc| (ties: the first) to values/index in
+   index order; e = acc there, 0 at them. workspace: HIGH + LOW + capacity int32. */
+void topk_compress(float *error, const float *grad, int64_t n, int64_t k, float *values,
+                   int32_t *index, int32_t *workspace, int64_t capacity) {
+    int64_t ties;
+    int32_t t = select_t(error, grad, n, k, workspace, capacity, &ties);
+#ifdef X86
+    if (use_avx2()) { emit_avx2(error, n, t, &ties, k, values, index); return; }
 #endif
     emit_scalar(error, 0, n, t, &ties, k, values, index, 0);
 }

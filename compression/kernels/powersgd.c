@@ -1,0 +1,211 @@
+/* PowerSGD's CPU kernel: the three passes over a bucket's matrices (compression/powersgd.py).
+   The Python side is compression/_powersgd_kernel.py: its docstring describes the passes; it
+   defines LANES and ROWS (-D), which this file checks.
+
+   Every sum runs in a fixed order, written once as plain loops over LANES lanes: the same
+   function is compiled twice, for AVX2 (the compiler turns the lane loops into vector
+   instructions) and portable, and -ffp-contract=off keeps every multiply and add rounded on its
+   own, so both give the same bits. A matrix's rows of m elements are taken LANES columns at a
+   time; past column m a lane reads +0 (in every operand), so it adds the same in both. */
+#include "prelude.h"
+
+_Static_assert(LANES == 8, "a lane block is one AVX2 vector of float32");
+_Static_assert(ROWS >= 1, "rows per block of the back projection");
+#define KB 4                      /* columns of P (or Q) accumulated per sweep of a row */
+
+#define ALWAYS static inline __attribute__((always_inline))
+/* Vectors pass between functions only where they are inlined: no ABI to keep. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+/* LANES float32 lanes: GCC's vector extension, one AVX2 register where the function is built
+   for AVX2, plain lanes elsewhere; each operator rounds lane by lane as a float does. */
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+
+/* LANES elements of src from column j (of m): whole (j + LANES <= m, a constant where this is
+   inlined), or +0 past m. */
+ALWAYS vec load(const float *src, int64_t j, int64_t m, const int whole) {
+    vec v = {0.0f};
+    if (whole) {
+        memcpy(&v, src + j, sizeof v);
+    } else {
+        for (int l = 0; l < LANES; ++l) v[l] = j + l < m ? src[j + l] : 0.0f;
+    }
+    return v;
+}
+
+ALWAYS void store(float *dst, vec v, int64_t j, int64_t m, const int whole) {
+    if (whole) {
+        memcpy(dst + j, &v, sizeof v);
+    } else {
+        for (int l = 0; l < LANES; ++l)
+            if (j + l < m) dst[j + l] = v[l];
+    }
+}
+
+/* Run body(j, whole) over a row of m columns: the whole lane blocks, then the last part. */
+#define FOR_LANES(m, body)                                                                    \
+    do {                                                                                      \
+        int64_t j_ = 0;                                                                       \
+        for (; j_ + LANES <= (m); j_ += LANES) body(j_, 1);                                   \
+        if (j_ < (m)) body(j_, 0);                                                            \
+    } while (0)
+
+/* sum_k p[k] qt[k][j..j+LANES), k = 0, 1, ... in order: LANES columns of row p of P Q^T. */
+ALWAYS vec low_rank(const float *p, const float *qt, int64_t r, int64_t j, int64_t m,
+                    const int whole) {
+    vec c = p[0] * load(qt, j, m, whole);
+    for (int64_t k = 1; k < r; ++k) c = c + p[k] * load(qt + k * m, j, m, whole);
+    return c;
+}
+
+/* The sum of the lanes of a, pairwise: (a0 + a4) + (a2 + a6), plus (a1 + a5) + (a3 + a7). */
+ALWAYS float lane_sum(vec a) {
+    float s[4], t[2];
+    for (int l = 0; l < 4; ++l) s[l] = a[l] + a[l + 4];
+    for (int l = 0; l < 2; ++l) t[l] = s[l] + s[l + 2];
+    return t[0] + t[1];
+}
+
+/* Columns k0 .. k0 + kb of P for row i: P = M Q (qt: Q^T, r x m). With make (k0 = 0 and an
+   error memory ei), M = (e - P_o Q_o^T) + g is made from the row's e and g and stored in e
+   (p_oi NULL: nothing owed); otherwise M is read from mi. kb is a constant where this is
+   inlined, so the accumulators stay in registers. */
+ALWAYS void project_row(float *ei, const float *gi, const float *mi, int64_t m, const int make,
+                        const float *qt, int64_t k0, const int kb, const float *p_oi,
+                        const float *qt_o, int64_t r_o, float *pi) {
+    vec acc[KB] = {{0.0f}};
+#define PROJECT(j, whole)                                                                     \
+    do {                                                                                      \
+        vec x;                                                                                \
+        if (make) {                                                   /* M = g + e, once */   \
+            x = load(ei, j, m, whole);                                                        \
+            if (p_oi) x = x - low_rank(p_oi, qt_o, r_o, j, m, whole); /* e - P_o Q_o^T */     \
+            x = x + load(gi, j, m, whole);                                                    \
+            store(ei, x, j, m, whole);                                                        \
+        } else {                                                                              \
+            x = load(mi, j, m, whole);                                                        \
+        }                                                                                     \
+        for (int k = 0; k < kb; ++k)                                  /* P = M Q */           \
+            acc[k] = acc[k] + x * load(qt + (k0 + k) * m, j, m, whole);                       \
+    } while (0)
+    FOR_LANES(m, PROJECT);
+#undef PROJECT
+    for (int k = 0; k < kb; ++k) pi[k0 + k] = lane_sum(acc[k]);
+}
+
+/* Pass 1 of one matrix (n x m): M = (e - P_o Q_o^T) + g, stored in e (without e: M = g;
+   without p_o: nothing owed), and P = M Q (p: n x r), KB columns of P per sweep of a row. */
+ALWAYS void project(float *e, const float *g, int64_t n, int64_t m, int64_t r, const float *qt,
+                    const float *p_o, const float *qt_o, int64_t r_o, float *p) {
+    for (int64_t i = 0; i < n; ++i) {
+        float *ei = e ? e + i * m : NULL;
+        const float *gi = g + i * m, *mi = ei ? ei : gi, *p_oi = p_o ? p_o + i * r_o : NULL;
+        for (int64_t k0 = 0; k0 < r; k0 += KB) {
+            const int make = ei && k0 == 0;
+#define ROW(kb) project_row(ei, gi, mi, m, make, qt, k0, kb, p_oi, qt_o, r_o, p + i * r)
+            switch (r - k0) {
+                case 1: ROW(1); break;
+                case 2: ROW(2); break;
+                case 3: ROW(3); break;
+                default: ROW(KB);
+            }
+#undef ROW
+        }
+    }
+}
+
+/* Rows i0 .. i0 + rows of M added to qt = P^T M, row after row (rows: a constant where this is
+   inlined; M's LANES columns are read once for all of Q^T's rows). */
+ALWAYS void back_rows(const float *mat, int64_t i0, const int rows, int64_t m, int64_t r,
+                      const float *p, float *qt) {
+#define BACK(j, whole)                                                                        \
+    do {                                                                                      \
+        vec x[ROWS];                                                                          \
+        for (int b = 0; b < rows; ++b) x[b] = load(mat + (i0 + b) * m, j, m, whole);          \
+        for (int64_t k = 0; k < r; ++k) {                                                     \
+            vec s = load(qt + k * m, j, m, whole);                                            \
+            for (int b = 0; b < rows; ++b) s = s + p[(i0 + b) * r + k] * x[b];               \
+            store(qt + k * m, s, j, m, whole);                                                \
+        }                                                                                     \
+    } while (0)
+    FOR_LANES(m, BACK);
+#undef BACK
+}
+
+/* Pass 2 of one matrix: qt = P^T M (r x m), each element a sum over the rows in order. */
+ALWAYS void back(const float *mat, int64_t n, int64_t m, int64_t r, const float *p, float *qt) {
+    memset(qt, 0, (size_t)(r * m) * sizeof(float));
+    int64_t i = 0;
+    for (; i + ROWS <= n; i += ROWS) back_rows(mat, i, ROWS, m, r, p, qt);
+    for (; i < n; ++i) back_rows(mat, i, 1, m, r, p, qt);
+}
+
+/* Pass 3 of one matrix: out = P Q^T. */
+ALWAYS void expand(float *out, int64_t n, int64_t m, int64_t r, const float *p, const float *qt) {
+    for (int64_t i = 0; i < n; ++i) {
+#define EXPAND(j, whole) store(out + i * m, low_rank(p + i * r, qt, r, j, m, whole), j, m, whole)
+        FOR_LANES(m, EXPAND);
+#undef EXPAND
+    }
+}
+
+/* Each pass over a bucket's layers, compiled for AVX2 and portable (see the top). */
+#define PASSES(suffix, attr)                                                                  \
+    attr static void project_##suffix(int64_t layers, float *const *e, const float *const *g, \
+            const int64_t *n, const int64_t *m, const int64_t *r, const float *const *qt,     \
+            const float *const *p_o, const float *const *qt_o, const int64_t *r_o,            \
+            float *const *p) {                                                                \
+        for (int64_t l = 0; l < layers; ++l)                                                  \
+            project(e[l], g[l], n[l], m[l], r[l], qt[l], p_o[l], qt_o[l], r_o[l], p[l]);      \
+    }                                                                                         \
+    attr static void back_##suffix(int64_t layers, const float *const *mat, const int64_t *n, \
+            const int64_t *m, const int64_t *r, const float *const *p, float *const *qt) {    \
+        for (int64_t l = 0; l < layers; ++l) back(mat[l], n[l], m[l], r[l], p[l], qt[l]);     \
+    }                                                                                         \
+    attr static void expand_##suffix(int64_t layers, float *const *out, const int64_t *n,     \
+            const int64_t *m, const int64_t *r, const float *const *p,                        \
+            const float *const *qt) {                                                         \
+        for (int64_t l = 0; l < layers; ++l) expand(out[l], n[l], m[l], r[l], p[l], qt[l]);   \
+    }
+
+PASSES(portable, )
+#ifdef X86
+PASSES(avx2, __attribute__((target("avx2"))))
+#define DISPATCH(pass, ...) \
+    do { if (use_avx2()) pass##_avx2(__VA_ARGS__); else pass##_portable(__VA_ARGS__); } while (0)
+#else
+#define DISPATCH(pass, ...) pass##_portable(__VA_ARGS__)
+#endif
+
+/* Pass 1 over a bucket's layers: layer l's M = (e - P_o Q_o^T) + g into e[l] (e[l] NULL: no
+   error memory, M = g; p_o[l] NULL: nothing owed) and P = M Q into p[l] (n x r); qt[l] is Q^T
+   (r x m), qt_o[l] the owed Q_o^T (r_o[l] x m). */
+void psgd_project(int64_t layers, float *const *e, const float *const *g, const int64_t *n,
+                  const int64_t *m, const int64_t *r, const float *const *qt,
+                  const float *const *p_o, const float *const *qt_o, const int64_t *r_o,
+                  float *const *p) {
+    DISPATCH(project, layers, e, g, n, m, r, qt, p_o, qt_o, r_o, p);
+}
+
+/* Pass 2: qt[l] = P^T M (r x m) from the layer's M (mat[l]) and its orthogonalized P. */
+void psgd_back(int64_t layers, const float *const *mat, const int64_t *n, const int64_t *m,
+               const int64_t *r, const float *const *p, float *const *qt) {
+    DISPATCH(back, layers, mat, n, m, r, p, qt);
+}
+
+/* Pass 3: out[l] = P Q^T, the value pass 1 takes off e at the next step (see settle). */
+void psgd_expand(int64_t layers, float *const *out, const int64_t *n, const int64_t *m,
+                 const int64_t *r, const float *const *p, const float *const *qt) {
+    DISPATCH(expand, layers, out, n, m, r, p, qt);
+}
+
+/* What pass 1 owes, paid at once: e = e - P Q^T, with pass 1's float operations. */
+void psgd_settle(float *e, int64_t n, int64_t m, int64_t r, const float *p, const float *qt) {
+    for (int64_t i = 0; i < n; ++i) {
+        float *ei = e + i * m;
+#define SETTLE(j, whole) \
+        store(ei, load(ei, j, m, whole) - low_rank(p + i * r, qt, r, j, m, whole), j, m, whole)
+        FOR_LANES(m, SETTLE);
+#undef SETTLE
+    }
+}
