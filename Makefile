@@ -53,7 +53,7 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/; then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/ (its table printed); then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
 	@$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
 		OUT=results/demo VENV_STAMP=$(VENV_STAMP); status=$$?; \
 	$(MAKE) --no-print-directory scorecard SWEEP=table1 SCALE=tiny VENV_STAMP=$(VENV_STAMP); \

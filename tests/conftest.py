@@ -199,6 +199,14 @@ def kernel_and_eager(library: Library, name: str, steps: list[list[torch.Tensor]
 
 
 # ---- analysis: real run records of tiny runs, trained once per session ----------------------
+@pytest.fixture(autouse=True)
+def _close_figures() -> Iterator[None]:
+    """After a test that drew figures (pyplot keeps them open), close them."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
 @pytest.fixture(scope="session")
 def analysis_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The runs dir of :mod:`tests.analysis_fixture` (read-only: copy it to change it)."""
