@@ -33,7 +33,8 @@ CLAIMS := residues fig2b overlap batch
 SIM_CLAIMS := learners minibatch
 
 .PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
-	bench-tta plan dashboard reproduce-all bench-simulated-memory claims \
+	bench-tta plan dashboard reproduce-all bench-simulated-memory claims slurm-up slurm-down \
+	test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -77,6 +78,15 @@ test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 
 test-fast: $(VENV_STAMP) ## tests without the slow ones
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_FLAGS)
+
+slurm-up: ## a single-node Slurm on this machine (root, Debian's packages; docs/slurm.md): for launcher=slurm_local and make test-slurm
+	@slurm/up.sh
+
+slurm-down: ## stop make slurm-up's Slurm (its jobs are cancelled)
+	@slurm/down.sh
+
+test-slurm: $(VENV_STAMP) ## the tests against a real Slurm (make slurm-up first) and two nodes as network namespaces (root)
+	$(PY) -m pytest -q --slurm -m slurm $(PYTEST_FLAGS)
 
 mutate: $(VENV_STAMP) ## mutation testing of the glue modules (mutmut) [GROUPS="hook lr ..."] -> results/mutation/
 	$(PY) -m tests.mutate $(GROUPS)

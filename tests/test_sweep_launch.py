@@ -30,8 +30,10 @@ SMALL = ["sweep=table1", "scale=tiny", "model=resnet18", "variant=ours", "seed=0
 METHODS = ("rank2", "rank1", "accordion_rank2_rank1")
 
 
-def sweep(args: list[str], **kwargs) -> subprocess.Popen[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+def sweep(args: list[str], env: dict[str, str] | None = None, **kwargs
+          ) -> subprocess.Popen[str]:
+    """``run.py -m`` of :data:`SMALL` and ``args`` (in ``env``, this process's by default)."""
+    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
     return subprocess.Popen([sys.executable, "run.py", "-m", *SMALL, *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             **kwargs)
@@ -115,15 +117,20 @@ def submitit_sweep(tmp_path_factory) -> tuple[Path, str]:
                                "method=rank2,accordion_rank2_rank1"]))
 
 
+def two_rank_runs_completed(root: Path, methods: tuple[str, ...], epochs: int) -> None:
+    """The sweep's runs of these methods completed on 2 ranks in sync, every epoch recorded."""
+    for method in methods:
+        path = run_dirs(root)[method]
+        assert summary(path)["status"] == "completed" and summary(path)["params_in_sync"]
+        assert torch.load(path / "checkpoint.pt", weights_only=False)["world_size"] == 2
+        assert len(read_rows(path)) == epochs
+
+
 def test_submitit_local_sweep_of_two_rank_jobs(submitit_sweep):
     # The Slurm launcher's code path: each job is 2 tasks that find their rank through submitit.
     root, out = submitit_sweep
     assert "2 runs: 0 complete, 0 to resume, 0 failed to rerun, 2 to start" in out
-    for method in ("rank2", "accordion_rank2_rank1"):
-        path = run_dirs(root)[method]
-        assert summary(path)["status"] == "completed" and summary(path)["params_in_sync"]
-        assert torch.load(path / "checkpoint.pt", weights_only=False)["world_size"] == 2
-        assert len(read_rows(path)) == 6
+    two_rank_runs_completed(root, ("rank2", "accordion_rank2_rank1"), 6)
     logs = list((root / "table1" / "tiny" / ".submitit").rglob("*_log.out"))
     assert len(logs) == 4  # 2 jobs x 2 tasks
 
