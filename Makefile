@@ -6,7 +6,7 @@ PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-# Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|submitit_local,
+# Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|slurm_local|submitit_local,
 # SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
 # ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go),
 # OUT=folder (make claim-<name>: its figure and table; default results/claims/<name>).

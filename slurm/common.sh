@@ -17,8 +17,8 @@ fail() {
 
 # need_root: one line and exit 1 unless this runs as root.
 need_root() {
-    [[ $(id -u) == 0 ]] || fail "needs root (it installs Debian packages and runs Slurm's" \
-        "daemons as root): run it as root or with sudo"
+    [[ $(id -u) == 0 ]] || fail "needs root (Slurm's daemons run as root, and make slurm-up" \
+        "installs Debian packages): run it as root or with sudo"
 }
 
 # alive <pid file>: the process the pid file names is running.

@@ -127,7 +127,7 @@ class _JobsLauncher(BaseSubmititLauncher):
                 return value
             failure = f"submitit: {value.strip().splitlines()[-1]}"
         else:
-            failure = f"the job ended without a result ({end})"
+            failure = f"no result from {end}"
         said = last_error(job)
         if said:
             failure += f"; the run said {said!r}"
