@@ -9,7 +9,8 @@ export WANDB_MODE ?= offline
 # Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|slurm_local|submitit_local,
 # SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
 # ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go),
-# OUT=folder (make claim-<name>: its figure and table; default results/claims/<name>).
+# OUT=folder (its report, or make claim-<name>'s figure and table; default results/<sweep>/,
+# results/claims/<name>/).
 SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp ablation_ef
 SCALE ?= paper
 LAUNCHER ?= local
@@ -22,19 +23,27 @@ WORKERS_KEY = $(if $(filter local,$(LAUNCHER)),nproc_per_node,tasks_per_node)
 RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SCALE) \
 	launcher=$(LAUNCHER) hydra.launcher.$(WORKERS_KEY)=$(WORKERS) runs_root=$(RUNS) \
 	$(if $(SEEDS),seed=$(SEEDS))
-# The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/
-REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE)
+# The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/ (or OUT=dir)
+REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE) $(if $(OUT),--out $(OUT))
+# After a sweep: its analysis ($(1)), unless the sweep refused its input before starting anything
+# (exit status 2: bad config or missing data, said in one line), then the sweep's exit status.
+AFTER_SWEEP = status=$$?; if [ $$status -ne 2 ]; then $(1); fi; exit $$status
+# make report / scorecard: SWEEP=, SCALE= (when given), OUT=
+ANALYSIS_ARGS = $(if $(SWEEP),--sweep $(SWEEP)) \
+	$(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
 
-# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale.
-# On 2 CPU ranks, then analysis/claims_<name>.py -> results/claims/<name>/{<name>.png,table.md}:
+# The papers' figure-level claims (make claim-<name>): conf/sweep/claim_<name>.yaml at tiny scale,
+# then `python -m analysis.claims <name>` (analysis/claims_<name>.py) -> results/claims/<name>/
+# (its figure, table.md, table.csv). On 2 CPU ranks:
 CLAIMS := residues fig2b overlap batch
 # AdaComp's claims on simulated learners: each run one process of trainer.workers learners
-# (launcher=simulated); figure and table -> results/claims/<name>/ (analysis/claims.py):
+# (launcher=simulated):
 SIM_CLAIMS := learners minibatch
+CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
-.PHONY: install demo test test-fast lint clean stress mutate report bench-compressors bench-e2e \
-	bench-tta plan dashboard reproduce-all bench-simulated-memory claims slurm-up slurm-down \
-	test-slurm \
+.PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
+	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
+	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines slurm-up slurm-down test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -44,33 +53,59 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each
-	$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
-		VENV_STAMP=$(VENV_STAMP)
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/; then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
+	@$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
+		OUT=results/demo VENV_STAMP=$(VENV_STAMP); status=$$?; \
+	$(MAKE) --no-print-directory scorecard SWEEP=table1 SCALE=tiny VENV_STAMP=$(VENV_STAMP); \
+	$(MAKE) --no-print-directory machines VENV_STAMP=$(VENV_STAMP); \
+	exit $$status
+
+machines: $(VENV_STAMP) ## the demo's numbers per machine fingerprint and commit (rows of other machines kept) -> results/machines.{csv,md}
+	$(PY) -m analysis.machines $(RUNS)
 
 $(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
-	@$(RUN_SWEEP) sweep=$* $(ONLY); status=$$?; $(call REPORT,$*); exit $$status
+	@$(RUN_SWEEP) sweep=$* $(ONLY); $(call AFTER_SWEEP,$(call REPORT,$*))
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
 
+reproduce-auto: $(VENV_STAMP) ## issue 30: measured endpoints vs hand-picked and fixed (conf/sweep/auto_endpoints.yaml), then results/auto/ (or OUT)
+	@$(RUN_SWEEP) sweep=auto_endpoints $(ONLY); $(call AFTER_SWEEP,$(PY) -m \
+		analysis.auto_endpoints $(RUNS) --scale $(SCALE) --out $(or $(OUT),results/auto))
+
+reproduce-zoo: $(VENV_STAMP) ## the zoo (conf/sweep/zoo.yaml: every compressor light / heavy / Accordion), then its leaderboard, recovery answers, Pareto figure -> results/zoo/ [OUT=dir]
+	@$(RUN_SWEEP) sweep=zoo $(ONLY); $(call AFTER_SWEEP,$(PY) -m analysis.zoo report $(RUNS) \
+		--scale $(SCALE) --out $(or $(OUT),results/zoo))
+
+zoo-sweep: $(VENV_STAMP) ## rewrite conf/sweep/zoo.yaml from the compressor registry (after adding a compressor)
+	$(PY) -m analysis.zoo sweep
+
 $(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
 	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \
-		runs_root=$(RUNS) $(ONLY); status=$$?; $(PY) -m analysis.claims_$* $(RUNS) --scale tiny \
-		--out $(or $(OUT),results/claims/$*); \
-		exit $$status
+		runs_root=$(RUNS) $(ONLY); $(call AFTER_SWEEP,$(call CLAIM,$*))
 
 claims: $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)) ## every claim sweep, one after another
 
 $(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on simulated learners (conf/sweep/claim_%.yaml), then its figure and table -> results/claims/%/
-	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); status=$$?; \
-	$(PY) -m analysis.claims $* $(RUNS)/claim_$*/tiny --out $(or $(OUT),results/claims/$*); \
-	exit $$status
+	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); $(call AFTER_SWEEP,$(call CLAIM,$*))
 
-plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute)
-	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true
+plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute) [SHOW=config|diff: each run's resolved config, or its diff against the defaults]
+	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true $(if $(SHOW),hydra.sweeper.show=$(SHOW))
 
-dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs (needs WANDB_API_KEY, online)
-	$(PY) -m analysis.dashboard $(SWEEP) $(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
+dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs [SCALE=tiny] (needs WANDB_API_KEY, online)
+	@$(PY) -m analysis.dashboard $(SWEEP) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) \
+		$(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT))
+
+DOCS_STAMP := .venv/.docs-installed
+
+$(DOCS_STAMP): $(VENV_STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/config-reference.md and the results blocks, then mkdocs (strict: a warning fails it)
+	$(PY) -m tools.config_reference
+	$(PY) -m tools.docs refresh
+	$(PY) -m tools.docs stage build/docs-src
+	$(PY) -m mkdocs build --strict --quiet
 
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 	$(PY) -m ruff check .
@@ -100,15 +135,27 @@ clean: ## remove ad-hoc run outputs (keeps .venv and the sweeps' results/runs)
 bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8/32/128 x every compressor -> results/bench/simulated_memory.{csv,md}
 	$(PY) -m benchmarks.simulated_memory
 
-bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients -> results/bench/compressors.{csv,md}
-	$(PY) -m benchmarks.compressors
+bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 run side by side [ARGS="--repeats 2 --epochs 16"] -> results/bench/numerics.{csv,md}
+	$(PY) -m benchmarks.numerics $(ARGS)
+
+bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}
+	$(PY) -m benchmarks.compressors $(if $(DEVICE),--device $(DEVICE))
+
+smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through NCCL, a resume, host syncs per step, NCCL vs gloo -> results/bench/smoke_gpu.md (skips without a GPU)
+	$(PY) -m benchmarks.smoke_gpu
 
 report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
-	$(PY) -m analysis.report $(RUNS) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
+	$(PY) -m analysis.report $(RUNS) $(ANALYSIS_ARGS)
 
-bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) -> results/bench/e2e.*, projection.*
-	$(PY) -m benchmarks.e2e
-	$(PY) -m benchmarks.projection
+scorecard: $(VENV_STAMP) ## verdicts on the papers' claims (analysis/claims.yaml) from the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/scorecard.{md,html,csv}
+	$(PY) -m analysis.scorecard $(RUNS) $(ANALYSIS_ARGS)
+
+E2E_OUT = results/bench$(if $(filter cuda,$(DEVICE)),/cuda)
+bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) [DEVICE=cuda: 2 GPUs, NCCL] -> $(E2E_OUT)/e2e.*, projection.*
+	$(PY) -m benchmarks.e2e --out $(E2E_OUT) $(if $(DEVICE),--device $(DEVICE))
+	@if ls $(E2E_OUT)/raw/e2e/*-*.json >/dev/null 2>&1; then \
+		$(PY) -m benchmarks.projection --raw $(E2E_OUT)/raw/e2e --out $(E2E_OUT); \
+	else echo "bench-e2e: no records in $(E2E_OUT)/raw/e2e, no projection"; fi
 
 bench-tta: $(VENV_STAMP) ## time to accuracy of run.py jobs over the link at ratio 4 (JOBS=file.yaml) -> results/bench/tta.*
 	$(PY) -m benchmarks.tta $(if $(JOBS),--jobs $(JOBS))

@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +31,13 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 import compression
 import data
 import models
 import schedulers
 import training.workers
-from core import distributed, record
+from core import distributed, numerics, process, provenance, record, rng
 from core.errors import ConfigError
 from core.lr import lr_at
 from training import checkpoint, faults, optim, runs, signals
@@ -46,7 +45,7 @@ from training import checkpoint, faults, optim, runs, signals
 # Not named `config`: with `distributed` beside it, cloudpickle (submitit) would take the
 # unpicklable torch.distributed.config along with run.py's functions.
 from training import config as checks
-from training.progress import EpochProgress
+from training.progress import EpochProgress, StepReport
 from training.wandb_logger import NullLogger, WandbLogger
 
 LOG = logging.getLogger("accordion-bench")
@@ -60,6 +59,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (training/signals)
     try:
+        numerics.apply(cfg.trainer.numerics)  # before torch's first operation (core/numerics)
         world_size = checks.world_size(cfg, env.world_size)  # ranks, or simulated learners
         checks.validate(cfg, world_size, run_dir)
         bundle = data.build(cfg.dataset)
@@ -112,165 +112,239 @@ def _decide(cfg: DictConfig, run_dir: Path, world_size: int) -> runs.Action | Co
         return exc
 
 
+@dataclass
+class Run:
+    """Everything the epochs of one start of a run share (built or restored by :func:`_build`).
+
+    ``log`` and ``logger`` are rank 0's (None and a no-op elsewhere); ``saved`` is this
+    process's progress through ``start_epoch`` if the checkpoint was written mid-epoch."""
+
+    cfg: DictConfig
+    env: distributed.DistEnv
+    run_dir: Path
+    model: torch.nn.Module
+    workers: Workers
+    scheduler: schedulers.Scheduler
+    optimizer: torch.optim.Optimizer
+    log: record.MetricsLog | None
+    logger: WandbLogger | NullLogger
+    stop: signals.StopCheck
+    start_epoch: int
+    started: float
+    saved: dict[str, Any] | None
+
+    @property
+    def metric(self) -> str:
+        """The task's test metric (test/accuracy, test/perplexity)."""
+        return self.workers.tasks[0].metric
+
+
 def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle,
            device: torch.device, resume: bool) -> dict[str, Any]:
-    t = cfg.trainer
-    checkpoint.seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
-    model = models.build(**cfg.model).to(device)
-    faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
-    checkpoint.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
-    # This rank (DDP, the comm hook aggregates), or trainer.workers simulated learners.
-    workers = training.workers.build(model, cfg, env, bundle, device)
-    task, hook_state = workers.tasks[0], workers.hook_state
-    scheduler = schedulers.build(cfg.scheduler)
-    o = cfg.optimizer
-    optimizer = optim.build(o, model.parameters())
-
-    start_epoch, elapsed_s, saved = 0, 0.0, None
-    if resume:  # saved: this rank's progress through start_epoch, if it stopped mid-epoch
-        start_epoch, elapsed_s, saved = checkpoint.load(run_dir / record.CHECKPOINT, model,
-                                                        optimizer, hook_state, scheduler)
-    log = record.MetricsLog(run_dir, keep_epochs=start_epoch) if env.is_main else None
-    logger = _make_logger(cfg, run_dir) if env.is_main else NullLogger()
-
-    amp = bool(t.amp) and device.type == "cuda"
-    # A preemption signal stops the ranks at one step boundary (simulated learners: at once,
-    # resumed from the last epoch's checkpoint).
-    preemptible = bool(t.preempt_signals) and isinstance(workers, training.workers.Rank)
-    stop = signals.StopCheck(int(t.preempt_check_every), enabled=preemptible)
-    status, why, started = "running", None, time.perf_counter() - elapsed_s
-    signals.defer(t.preempt_signals if preemptible else [])
+    """The epochs of this start: build or restore, then train, evaluate and checkpoint each
+    epoch; the run record says how it ended, whatever ended it."""
+    run = _build(cfg, env, run_dir, bundle, device, resume)
+    status, why = "running", None
+    signals.defer(cfg.trainer.preempt_signals)
     try:
-        for epoch in range(start_epoch, t.epochs):
-            row: dict[str, Any] = {"epoch": epoch}
-            row.update(scheduler.start_epoch(epoch, hook_state))  # per-layer levels of this epoch
-            batch_size = scheduler.batch_size(epoch, t.batch_size)
-            workers.set_batch_size(batch_size)
-            lr = lr_at(o, epoch) * scheduler.lr_scale(epoch)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            row.update({"lr": lr, "batch_size": batch_size})
-            hook_state.reset_epoch(epoch)
-            progress = EpochProgress(epoch, device, len(workers.tasks)) if saved is None else \
-                EpochProgress.resume(saved, hook_state, task, device)  # continue a stopped epoch
-            saved = None
-
-            # ---- train one epoch: the comm hook aggregates (and compresses) in backward -------
-            try:
-                row["train/loss"], samples = _train_epoch(workers, optimizer, t, env, amp,
-                                                          progress, stop)
-            except signals.Preempted:  # every rank stopped at this step: checkpoint mid-epoch
-                checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch,
-                                time.perf_counter() - started, model, optimizer, hook_state,
-                                scheduler, progress.state_dict(hook_state, task))
-                raise
-            epoch_s = progress.seconds()
-
-            # ---- evaluate, record -------------------------------------------------------------
-            _sync_buffers(model)
-            row.update(workers.evaluate())
-            row.update(hook_state.epoch_stats())
-            row["time/epoch_s"] = epoch_s
-            row["samples_per_s"] = samples * env.world_size / epoch_s
-            norms, nonfinite = _end_of_epoch(hook_state, env)
-            row.update(scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
-            why = _divergence(epoch, row["train/loss"], nonfinite)  # the same on every rank
-            if log is not None:  # rank 0 writes the record (and knows the earlier epochs)
-                sent_before = sum(r["comm/bits"] for r in log.rows)
-                row["comm/cumulative_bits"] = sent_before + row["comm/bits"]
-                log.write(row)
-                _report(row, task.metric)
-            logger.log(row, step=epoch)
+        for epoch in range(run.start_epoch, cfg.trainer.epochs):
+            row, progress = _start_epoch(run, epoch)
+            row["train/loss"], samples = _run_epoch(run, progress)
+            why = _finish_epoch(run, row, progress, samples)
             if why is not None:  # stop before a non-finite state reaches the checkpoint
                 status = "diverged"
-                LOG.error("diverged: %s; %s is left as it was before epoch %d", why,
-                          record.CHECKPOINT, epoch)
                 break
-            checkpoint.save(run_dir / record.CHECKPOINT, cfg, epoch + 1,
-                            time.perf_counter() - started, model, optimizer, hook_state, scheduler)
         else:
             status = "completed"
-    except BaseException as exc:  # the record says how the run ended, whatever ended it
-        with signals.shield():
-            end = faults.ending(exc, env.rank, env.world_size, float(t.dist_timeout_s))
-            note = _record_failure(run_dir, log, end, task.metric, started)
-            logger.finish(exit_code=1)
-        if end.line is None:  # a bug, a signal, a preemption: keep Python's own way out
-            raise
-        raise faults.RunFailed(f"{end.line}{note}; {faults.record_line(run_dir)}") from exc
+    except BaseException as exc:  # noqa: BLE001 (_fail re-raises)
+        _fail(run, exc)
     finally:
         signals.undefer()
+    return _finish(run, status, why)
 
-    rows = log.rows if log is not None else []
-    summary = record.summarize(rows, status, task.metric, time.perf_counter() - started)
+
+# ---- build or restore ------------------------------------------------------------------------
+def _build(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: data.DataBundle,
+           device: torch.device, resume: bool) -> Run:
+    """Model (initialised from the seed alone), workers, optimizer, scheduler; the checkpoint's
+    state if resuming; rank 0's record of this start."""
+    t = cfg.trainer
+    rng.seed_everything(cfg.seed, rank=0, deterministic=t.deterministic)
+    model = models.build(**cfg.model).to(device)
+    rng.seed_everything(cfg.seed, rank=env.rank, deterministic=t.deterministic)
+    # This rank (DDP, the comm hook aggregates), or trainer.workers simulated learners.
+    workers = training.workers.build(model, cfg, env, bundle, device)
+    faults.inject_from_env(model, env.rank)  # tests only: a NaN/inf gradient (see faults.py)
+    scheduler = schedulers.build(cfg.scheduler)
+    optimizer = optim.build(cfg.optimizer, model.parameters())
+    start_epoch, elapsed_s, saved = 0, 0.0, None
+    if resume:  # saved: this process's progress through start_epoch, if it stopped mid-epoch
+        start_epoch, elapsed_s, saved = checkpoint.load(run_dir / record.CHECKPOINT, model,
+                                                        optimizer, workers.hook_state, scheduler)
+    log, logger = None, NullLogger()
+    if env.is_main:  # the record, and which machine and code run this start (core/provenance)
+        log = record.MetricsLog(run_dir, keep_epochs=start_epoch)
+        prov = provenance.collect(t.numerics, workers.world_size,
+                                  "simulated" if t.workers is not None else env.launcher)
+        record.record_start(run_dir, prov, start_epoch, fresh=not resume)
+        logger = _make_logger(cfg, run_dir, prov)
+    # A preemption signal stops the ranks (or the simulated learners) at one step boundary.
+    stop = signals.StopCheck(int(t.preempt_check_every), enabled=bool(t.preempt_signals))
+    return Run(cfg, env, run_dir, model, workers, scheduler, optimizer, log, logger, stop,
+               start_epoch, time.perf_counter() - elapsed_s, saved)
+
+
+# ---- one epoch -------------------------------------------------------------------------------
+def _start_epoch(run: Run, epoch: int) -> tuple[dict[str, Any], EpochProgress]:
+    """The scheduler's levels and batch, the LR; the epoch's progress (continued where a
+    mid-epoch checkpoint stopped it)."""
+    t, hook_state = run.cfg.trainer, run.workers.hook_state
+    row: dict[str, Any] = {"epoch": epoch}
+    row.update(run.scheduler.start_epoch(epoch, hook_state))  # per-layer levels of this epoch
+    batch_size = run.scheduler.batch_size(epoch, t.batch_size)
+    run.workers.set_batch_size(batch_size)
+    lr = lr_at(run.cfg.optimizer, epoch) * run.scheduler.lr_scale(epoch)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    row.update({"lr": lr, "batch_size": batch_size})
+    hook_state.reset_epoch(epoch)
+    device = next(run.model.parameters()).device
+    if run.saved is None:
+        progress = EpochProgress(epoch, device, len(run.workers.tasks))
+    else:  # continue a stopped epoch
+        progress = EpochProgress.resume(run.saved, hook_state, run.workers.tasks, device)
+        run.saved = None
+    return row, progress
+
+
+def _run_epoch(run: Run, progress: EpochProgress) -> tuple[float, int]:
+    """The epoch's optimizer steps from ``progress.step`` on; returns (mean train loss over all
+    workers, this process's samples). On a preemption signal every rank stops at the same step
+    boundary and the mid-epoch checkpoint is written before :class:`signals.Preempted` goes on.
+    """
+    t, workers = run.cfg.trainer, run.workers
+    amp = bool(t.amp) and progress.loss_sum.device.type == "cuda"
+    steps = workers.tasks[0].steps_per_epoch()
+    batches = [task.batches(progress.epoch, start=progress.step) for task in workers.tasks]
+    report = StepReport(progress, steps, run.env.world_size, t.progress, int(t.progress_every_s),
+                        enabled=run.env.is_main)
+    try:
+        while progress.step < steps:
+            run.optimizer.zero_grad(set_to_none=True)
+            # each worker reads its batch inside the step (simulated: with its own RNG streams)
+            done = workers.step(lambda w: _forward_backward(
+                workers.tasks[w], workers.ddp, next(batches[w]), t.micro_batch_size, amp))
+            for w, (losses, _) in enumerate(done):
+                for loss in losses:
+                    progress.loss_sum[w] += loss
+            if t.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(run.model.parameters(), float(t.grad_clip))
+            run.optimizer.step()
+            progress.step_done(sum(n for _, n in done))
+            report.update()
+            signum = run.stop.due(progress.step)  # collective: the same answer on every rank
+            if signum:
+                raise signals.Preempted(signum, progress.epoch, progress.step)
+    except signals.Preempted:
+        _checkpoint(run, progress.epoch, progress)
+        raise
+    finally:
+        report.close()
+    return workers.mean_loss(progress.loss_sum, steps), progress.samples
+
+
+def _forward_backward(task: Any, ddp: torch.nn.Module, batch: Any, micro_batch_size: int | None,
+                      amp: bool) -> tuple[list[torch.Tensor], int]:
+    """One worker's forward and backward of its batch of a step; returns each micro-batch's
+    loss (weighted by its share of the batch, float64) and the batch's examples.
+
+    A batch larger than ``micro_batch_size`` is split and its gradients accumulated under
+    ``no_sync``: only the last micro-batch's backward runs the comm hook.
+    """
+    device = next(ddp.parameters()).device
+    micro_batches = task.split(batch, micro_batch_size)
+    n = task.size(batch)
+    losses = []
+    for i, micro in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with ddp.no_sync() if not last else nullcontext():
+            with torch.autocast(device.type, torch.bfloat16, enabled=amp):
+                loss, m = task.loss(ddp, micro)
+                loss = loss * (m / n)
+            loss.backward()
+        losses.append(loss.detach().double())
+    return losses, n
+
+
+def _finish_epoch(run: Run, row: dict[str, Any], progress: EpochProgress, samples: int
+                  ) -> str | None:
+    """Evaluate, record the epoch's row (rank 0), let the scheduler see the epoch, checkpoint;
+    returns why the run cannot go on (None if it can: then the checkpoint is written)."""
+    env, hook_state, o = run.env, run.workers.hook_state, run.cfg.optimizer
+    epoch, epoch_s = progress.epoch, progress.seconds()
+    _sync_buffers(run.model)
+    row.update(run.workers.evaluate())
+    row.update(hook_state.epoch_stats())
+    row["time/epoch_s"] = epoch_s
+    row["samples_per_s"] = samples * env.world_size / epoch_s
+    norms, nonfinite = _end_of_epoch(hook_state, env)
+    row.update(run.scheduler.end_epoch(epoch, norms, lr_at(o, epoch), lr_at(o, epoch + 1)))
+    why = _divergence(epoch, row["train/loss"], nonfinite)  # the same on every rank
+    if run.log is not None:  # rank 0 writes the record (and knows the earlier epochs)
+        sent_before = sum(r["comm/bits"] for r in run.log.rows)
+        row["comm/cumulative_bits"] = sent_before + row["comm/bits"]
+        run.log.write(row)
+        _report(row, run.metric)
+    run.logger.log(row, step=epoch)
+    if why is not None:
+        LOG.error("diverged: %s; %s is left as it was before epoch %d", why, record.CHECKPOINT,
+                  epoch)
+        return why
+    _checkpoint(run, epoch + 1)
+    return None
+
+
+def _checkpoint(run: Run, epoch: int, progress: EpochProgress | None = None) -> None:
+    """Every rank's part of ``checkpoint.pt``: at the end of ``epoch - 1``, or mid-``epoch``
+    with ``progress``."""
+    checkpoint.save(run.run_dir / record.CHECKPOINT, run.cfg, epoch,
+                    time.perf_counter() - run.started, run.model, run.optimizer,
+                    run.workers.hook_state, run.scheduler,
+                    None if progress is None else progress.state_dict(run.workers.hook_state,
+                                                                      run.workers.tasks))
+
+
+# ---- how the run ends ------------------------------------------------------------------------
+def _fail(run: Run, exc: BaseException) -> None:
+    """Whatever ended the run early: write the record of how it ended, then re-raise (a bug, a
+    signal, a preemption) or raise a one-line :class:`faults.RunFailed`."""
+    with signals.shield():
+        end = faults.ending(exc, run.env.rank, run.env.world_size,
+                            float(run.cfg.trainer.dist_timeout_s))
+        note = _record_failure(run.run_dir, run.log, end, run.metric, run.started)
+        run.logger.finish(exit_code=1)
+    if end.line is None:
+        raise exc
+    raise faults.RunFailed(f"{end.line}{note}; {faults.record_line(run.run_dir)}") from exc
+
+
+def _finish(run: Run, status: str, why: str | None) -> dict[str, Any]:
+    """``summary.json`` (rank 0) of a run that ended by itself: completed or diverged."""
+    rows = run.log.rows if run.log is not None else []
+    summary = record.summarize(rows, status, run.metric, time.perf_counter() - run.started)
     if why is not None:
         summary["reason"] = why
-    summary["params_in_sync"] = _params_in_sync(model)
-    if log is not None:
-        log.close()
-        record.write_summary(run_dir, summary)
-        LOG.info("%s: final %s %.4g (best %.4g), run record in %s", status, task.metric,
-                 summary["final"], summary["best"], run_dir)
-    logger.finish(exit_code=0 if status == "completed" else 1)
+    summary["params_in_sync"] = _params_in_sync(run.model)
+    if run.log is not None:
+        run.log.close()
+        record.write_summary(run.run_dir, summary)
+        LOG.info("%s: final %s %.4g (best %.4g), run record in %s", status, run.metric,
+                 summary["final"], summary["best"], run.run_dir)
+    run.logger.finish(exit_code=0 if status == "completed" else 1)
     return summary
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _train_epoch(workers: Workers, optimizer: torch.optim.Optimizer, t: Any,
-                 env: distributed.DistEnv, amp: bool, progress: EpochProgress,
-                 stop: signals.StopCheck) -> tuple[float, int]:
-    """The epoch's optimizer steps from ``progress.step`` on; returns (mean train loss over all
-    workers, this process's samples). Raises :class:`signals.Preempted` at the step boundary
-    where the ranks agree to stop on a preemption signal (``progress`` then says how far it got).
-
-    A batch larger than ``trainer.micro_batch_size`` is split and its gradients accumulated
-    under ``no_sync``: only the last micro-batch's backward runs the comm hook.
-    """
-    ddp = workers.ddp
-    device = next(ddp.parameters()).device
-    epoch, steps = progress.epoch, workers.tasks[0].steps_per_epoch()
-    batches = [task.batches(epoch, start=progress.step) for task in workers.tasks]
-    samples = 0  # this step's, over the process's workers
-
-    def local_backward(w: int) -> None:  # worker w's forward and backward of this step
-        nonlocal samples
-        task = workers.tasks[w]
-        batch = next(batches[w])  # read inside the worker (its own RNG streams)
-        micro_batches = task.split(batch, t.micro_batch_size)
-        n = task.size(batch)
-        for i, micro in enumerate(micro_batches):
-            last = i == len(micro_batches) - 1
-            with ddp.no_sync() if not last else nullcontext():
-                with torch.autocast(device.type, torch.bfloat16, enabled=amp):
-                    loss, m = task.loss(ddp, micro)
-                    loss = loss * (m / n)
-                loss.backward()
-            progress.loss_sum[w] += loss.detach().double()
-        samples += n
-
-    bar = tqdm(total=steps, initial=progress.step, desc=f"epoch {epoch}", leave=False,
-               disable=not _show_bar(t, env))
-    while progress.step < steps:
-        optimizer.zero_grad(set_to_none=True)
-        samples = 0
-        workers.step(local_backward)
-        if t.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(ddp.module.parameters(), float(t.grad_clip))
-        optimizer.step()
-        progress.step_done(samples)
-        if not bar.disable and (progress.step % 10 == 1 or progress.step == steps):
-            rate = progress.samples * env.world_size / progress.seconds()
-            bar.set_postfix(loss=f"{progress.loss_sum[0].item() / progress.step:.3f}",
-                            samples_s=f"{rate:.0f}")
-        bar.update()
-        signum = stop.due(progress.step)  # collective: the same answer on every rank
-        if signum:
-            bar.close()
-            raise signals.Preempted(signum, epoch, progress.step)
-    bar.close()
-    return workers.mean_loss(progress.loss_sum, steps), progress.samples
-
-
 def _end_of_epoch(hook_state: compression.HookState, env: distributed.DistEnv
                   ) -> tuple[dict[str, float], list[tuple[int, int, list[str]]]]:
     """Rank 0's ||Delta_e|| per layer (every rank decides on rank 0's statistic), and (rank,
@@ -336,55 +410,26 @@ def _params_in_sync(model: torch.nn.Module) -> bool:
     return len(set(digests)) == 1
 
 
-def _show_bar(t: Any, env: distributed.DistEnv) -> bool:
-    if not env.is_main:
-        return False
-    return sys.stderr.isatty() if t.progress == "auto" else bool(t.progress)
-
-
 def _sync_buffers(model: torch.nn.Module) -> None:
     """Give every rank rank 0's BatchNorm statistics before evaluating (as DDP does in forward)."""
     for buf in model.buffers():
         dist.broadcast(buf, src=0)
 
 
-def _make_logger(cfg: DictConfig, run_dir: Path) -> WandbLogger | NullLogger:
+def _make_logger(cfg: DictConfig, run_dir: Path, prov: dict[str, Any]
+                 ) -> WandbLogger | NullLogger:
     if cfg.logger.name == "none":
         return NullLogger()
-    # Flattened ("model.name": ...), so that W&B can group and filter runs by any key.
-    return WandbLogger(cfg.logger, record.flatten(OmegaConf.to_container(cfg, resolve=True)),
-                       run_dir)
-
-
-def _quiet_other_ranks() -> None:
-    """Ranks > 0 write nothing: no Hydra output folder, config copy or log file of their own."""
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    multirun = any(a in ("-m", "--multirun") for a in sys.argv)
-    if rank > 0 and not multirun:
-        extra = ["hydra.output_subdir=null", "hydra/job_logging=disabled",
-                 "hydra/hydra_logging=disabled"]
-        if not any(a.startswith("hydra.run.dir=") for a in sys.argv):
-            extra.append("hydra.run.dir=.")
-        sys.argv.extend(extra)
-
-
-def _exit_without_teardown(code: int | str | None) -> None:
-    """Exit with ``code`` as ``sys.exit`` would, after flushing logs and streams, but skipping
-    the interpreter's teardown: everything is written by then, and gloo's C++ threads, destroyed
-    during teardown, abort a rank now and then ("terminate called without an active exception",
-    exit -6 after a complete run; pytorch/pytorch#179291 describes the mechanism)."""
-    if isinstance(code, str):
-        print(code, file=sys.stderr)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1 if isinstance(code, str) else code or 0)
+    # Flattened ("model.name": ..., "provenance.git.commit": ...), so that W&B can group and
+    # filter runs by any key.
+    config = {**OmegaConf.to_container(cfg, resolve=True), "provenance": prov}
+    return WandbLogger(cfg.logger, record.flatten(config), run_dir)
 
 
 if __name__ == "__main__":
-    _quiet_other_ranks()
+    process.quiet_other_ranks()
     try:
         main()
     except SystemExit as exc:
-        _exit_without_teardown(exc.code)
-    _exit_without_teardown(0)
+        process.exit_without_teardown(exc.code)
+    process.exit_without_teardown(0)

@@ -1,196 +1,113 @@
-"""AdaComp's claims that no table holds, from the run records of their sweeps.
+"""The papers' figure-level claims: each a sweep, a figure and a table from its run records.
 
-    python -m analysis.claims learners results/runs/claim_learners --out results/claims/learners
-    python -m analysis.claims minibatch results/runs/claim_minibatch --out results/claims/minibatch
+    python -m analysis.claims NAME [RUNS] [--scale tiny] [--out results/claims/NAME]
 
-- ``learners`` (``conf/sweep/claim_learners.yaml``): accuracy and effective compression of
-  AdaComp against the number of learners (simulated, 1 .. 128) under momentum SGD and Adam, with
-  the uncompressed run of each optimizer as the baseline ("CIFAR10-CNN (up to 128 learners) ...
-  under both momentum SGD and Adam without noticeable accuracy degradation").
-- ``minibatch`` (``conf/sweep/claim_minibatch.yaml``): AdaComp's effective compression rate
-  against the per-learner mini-batch size (AdaComp Fig. 7a: it falls as that batch grows).
+``NAME`` is one of :data:`NAMES`; its sweep is ``conf/sweep/claim_<NAME>.yaml`` (``make
+claim-<NAME>`` runs it, then this). Each claim is a module ``analysis.claims_<NAME>`` that
+defines the same names:
 
-Effective compression per layer type is AdaComp's: the compressed layers' fp32 bits over the
-bits their 8/16-bit sparse ternary encoding sent, summed over the run (``comm/bits_dense_<type>``
-/ ``comm/bits_<type>``, :func:`analysis.tables.run_stats`). Each claim writes ``table.{md,csv}``
-and ``figure.png`` into ``--out``; ``data`` functions return exactly what is tabled and drawn.
+- ``SWEEP`` (the sweep's name), ``FIGURE`` (the figure's file name), ``KEEP`` (the run statuses
+  it reads: ``completed``, and ``diverged`` where a diverging method is part of the claim,
+  as AdaComp's hard Local Selection is);
+- ``data(frames) -> DataFrame`` (what is drawn and tabled), ``plot(frames) -> Figure`` and
+  ``table(frames) -> str`` (markdown).
+
+:func:`write` puts ``<out>/<FIGURE>``, ``<out>/table.md`` (the table, the runs left out, the
+machines and commits of the runs used, :func:`made_by`) and ``<out>/table.csv`` (the data)
+there. Whether each claim holds is the scorecard's business (``analysis/claims.yaml``,
+:mod:`analysis.scorecard`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
-from analysis.figures import STYLE  # noqa: E402
-from analysis.load import Frames, load_records  # noqa: E402
-from analysis.tables import markdown, run_stats  # noqa: E402
+from analysis import provenance  # noqa: E402
+from analysis.load import Frames, load_records, usable  # noqa: E402
 
-# The seed's figures for AdaComp (analysis/reference: adacomp-t2, seed-adacomp).
-PAPER_X = {"conv": 40.0, "fc": 200.0}
-CLAIMS = ("learners", "minibatch")
-OPTIMIZERS = {"sgd": "momentum SGD", "adam": "Adam"}
+NAMES = ("residues", "fig2b", "overlap", "batch", "learners", "minibatch")
 
 
-def claim_data(frames: Frames) -> pd.DataFrame:
-    """One row per setting: optimizer, compressor, learners, per-learner batch, final and best
-    test accuracy and the effective compression per layer type, mean over seeds (and the final
-    accuracy's standard deviation over them, ``final_std``: NaN for one seed)."""
-    stats = run_stats(frames)
-    runs = frames.runs.set_index("run_id")
-    learners = runs["trainer.workers"].fillna(1).astype(int)
-    stats["optimizer"] = stats["run_id"].map(runs["optimizer.name"])
-    stats["compressor"] = stats["run_id"].map(runs["compressor.name"])
-    stats["learners"] = stats["run_id"].map(learners)
-    stats["global_batch"] = stats["run_id"].map(runs["trainer.batch_size"].astype(int))
-    stats["per_learner_batch"] = stats["global_batch"] // stats["learners"]
-    keys = ["optimizer", "compressor", "learners", "per_learner_batch", "global_batch"]
-    data = stats.groupby(keys, as_index=False).agg(
-        seeds=("seed", "nunique"), final=("final", "mean"), final_std=("final", "std"),
-        best=("best", "mean"),
-        conv_x=("conv_x", "mean"), fc_x=("fc_x", "mean"))
-    return data.sort_values(keys, ignore_index=True)
+def module(name: str) -> ModuleType:
+    """The analysis module of claim ``name``."""
+    if name not in NAMES:
+        raise ValueError(f"claim: {name!r} is not one of {', '.join(NAMES)}")
+    return importlib.import_module(f"analysis.claims_{name}")
 
 
-def _x(value: float) -> str:
-    return "—" if pd.isna(value) else f"{value:.1f}x"
+def load_sweep(root: str | Path, sweep: str, scale: str | None = "tiny",
+               keep: Sequence[str] = ("completed",)) -> Frames:
+    """The runs of ``sweep`` (at ``scale``; None: any) below ``root`` whose only problem, if
+    any, is a status in ``keep``, with their epochs; ``problems``: the sweep's other runs."""
+    frames = load_records(root, include_incomplete=True)
+
+    def of_sweep(frame: pd.DataFrame) -> pd.Series:
+        mine = frame["sweep"] == sweep
+        return mine & (frame["scale"] == scale) if scale is not None else mine
+
+    runs = frames.runs[of_sweep(frames.runs)]
+    runs = runs[usable(runs, keep)]
+    problems = frames.problems[of_sweep(frames.problems)]
+    return Frames(runs, frames.epochs[frames.epochs["run_id"].isin(runs["run_id"])],
+                  problems[~problems["run_id"].isin(runs["run_id"])])
 
 
-def _accuracy(final: float, final_std: float, seeds: int) -> str:
-    """The final accuracy, mean +- std over seeds where there are several."""
-    return f"{final:.2f} ± {final_std:.2f}" if seeds > 1 else f"{final:.2f}"
-
-
-def learners_table(data: pd.DataFrame) -> pd.DataFrame:
-    """Learners down, each optimizer's accuracy and conv / FC compression across; the
-    uncompressed runs first, as the baseline."""
-    rows = []
-    for (compressor, learners), group in data.groupby(["compressor", "learners"], sort=False):
-        row = {"compressor": compressor, "learners": learners,
-               "per-learner batch": int(group["per_learner_batch"].iloc[0]),
-               "seeds": int(group["seeds"].max())}
-        for optimizer, label in OPTIMIZERS.items():
-            mine = group[group["optimizer"] == optimizer]
-            if mine.empty:
-                continue
-            first = mine.iloc[0]
-            row[f"{label}: accuracy (%)"] = _accuracy(first["final"], first["final_std"],
-                                                      first["seeds"])
-            row[f"{label}: conv"] = _x(first["conv_x"])
-            row[f"{label}: FC"] = _x(first["fc_x"])
-        rows.append(row)
-    rows.sort(key=lambda r: (r["compressor"] != "none", r["compressor"], r["learners"]))
-    return pd.DataFrame(rows)
-
-
-def batch_table(data: pd.DataFrame) -> pd.DataFrame:
-    """Per-learner batch down: accuracy and conv / FC compression."""
-    rows = [{"optimizer": OPTIMIZERS.get(r.optimizer, r.optimizer), "learners": r.learners,
-             "per-learner batch": r.per_learner_batch, "global batch": r.global_batch,
-             "seeds": r.seeds, "accuracy (%)": _accuracy(r.final, r.final_std, r.seeds),
-             "conv": _x(r.conv_x), "FC": _x(r.fc_x)}
-            for r in data[data["compressor"] != "none"].itertuples()]
-    return pd.DataFrame(rows)
-
-
-def plot_learners(data: pd.DataFrame) -> plt.Figure:
-    """(a) final accuracy vs learners per optimizer, the uncompressed run dashed; (b) effective
-    compression per layer type vs learners, the paper's 40x / 200x dotted."""
-    sns.set_theme(**STYLE)
-    fig, (acc, comp) = plt.subplots(1, 2, figsize=(9.0, 3.4))
-    colours = dict(zip(OPTIMIZERS, sns.color_palette(n_colors=len(OPTIMIZERS)), strict=True))
-    ada = data[data["compressor"] != "none"]
-    for optimizer, label in OPTIMIZERS.items():
-        mine = ada[ada["optimizer"] == optimizer]
-        if mine.empty:
-            continue
-        acc.errorbar(mine["learners"], mine["final"], yerr=mine["final_std"].fillna(0),
-                     fmt="o-", capsize=3, color=colours[optimizer], label=f"AdaComp, {label}")
-        base = data[(data["compressor"] == "none") & (data["optimizer"] == optimizer)]
-        if not base.empty:
-            acc.axhline(base["final"].mean(), color=colours[optimizer], ls="--",
-                        label=f"no compression, {label}")
-        for kind, marker in (("conv", "o"), ("fc", "s")):
-            comp.plot(mine["learners"], mine[f"{kind}_x"], marker=marker,
-                      ls="-" if kind == "conv" else ":", color=colours[optimizer],
-                      label=f"{kind}, {label}")
-    for kind, value in PAPER_X.items():
-        comp.axhline(value, color="grey", ls=":", lw=1)
-        comp.annotate(f"paper {kind} {value:.0f}x", (1, value), fontsize=7, color="grey",
-                      va="bottom")
-    acc.legend(fontsize=7)
-    return _finish(fig, acc, comp, "learners (simulated)")
-
-
-def plot_batch(data: pd.DataFrame) -> plt.Figure:
-    """Effective compression per layer type vs the per-learner mini-batch (AdaComp Fig. 7a),
-    and the final accuracy of each run beside it."""
-    sns.set_theme(**STYLE)
-    fig, (comp, acc) = plt.subplots(1, 2, figsize=(9.0, 3.4))
-    ada = data[data["compressor"] != "none"]
-    for kind, marker in (("conv", "o"), ("fc", "s")):
-        comp.plot(ada["per_learner_batch"], ada[f"{kind}_x"], marker=marker, label=kind)
-        comp.axhline(PAPER_X[kind], color="grey", ls=":", lw=1)
-    acc.plot(ada["per_learner_batch"], ada["final"], "o-")
-    return _finish(fig, acc, comp, "per-learner mini-batch")
-
-
-def _finish(fig: plt.Figure, acc: plt.Axes, comp: plt.Axes, xlabel: str) -> plt.Figure:
-    """Both figures' axes: log2 x, accuracy and log compression y, the compression legend."""
-    for ax in (acc, comp):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))  # 1, 2, 4 rather than 2^k
-        ax.set_xlabel(xlabel)
-    acc.set_ylabel("final test accuracy (%)")
-    comp.set_ylabel("effective compression (x)")
-    comp.set_yscale("log")
-    comp.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def report(claim: str, runs: Path, out: Path) -> list[Path]:
-    """Write ``out/table.{md,csv}`` and ``out/figure.png`` for ``claim``; the paths."""
-    frames = load_records(runs)
-    if frames.runs.empty:
-        raise ValueError(f"runs: no complete run record below {runs}")
-    data = claim_data(frames)
-    shown = learners_table(data) if claim == "learners" else batch_table(data)
-    fig = plot_learners(data) if claim == "learners" else plot_batch(data)
+def write(name: str, frames: Frames, out: Path) -> list[Path]:
+    """Claim ``name``'s figure, ``table.md`` and ``table.csv`` from ``frames`` into ``out``."""
+    claim = module(name)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "table.csv", out / "table.md", out / "figure.png"]
-    data.to_csv(paths[0], index=False)
+    paths = [out / claim.FIGURE, out / "table.md", out / "table.csv"]
+    figure = claim.plot(frames)
+    figure.savefig(paths[0], dpi=150, bbox_inches="tight")
+    plt.close(figure)
     left_out = len(frames.problems)
     note = f"\n{left_out} run(s) left out: see their run records.\n" if left_out else ""
-    paths[1].write_text(markdown(shown) + note)
-    fig.savefig(paths[2], dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    paths[1].write_text(claim.table(frames) + note + "\n" + made_by(frames.runs) + "\n")
+    claim.data(frames).to_csv(paths[2], index=False)
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m analysis.claims {learners,minibatch} RUNS --out DIR``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("claim", choices=CLAIMS)
-    parser.add_argument("runs", type=Path, help="the claim sweep's run directories")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output folder (default results/claims/<claim>)")
+def made_by(runs: pd.DataFrame) -> str:
+    """One sentence: the machines and commits of ``runs``, and the warning if they mix."""
+    cell = provenance.cell(runs)
+    text = (f"{len(runs)} runs, on {cell['machines'] or cell['fingerprints']}; "
+            f"commit {cell['commits']}.")
+    return text + (f" Warning: the set of runs {cell['provenance_warning']}."
+                   if cell["provenance_warning"] else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (see the module doc); exit status 2 on bad input."""
+    parser = argparse.ArgumentParser(prog="python -m analysis.claims",
+                                     description="A figure-level claim's figure and table.")
+    parser.add_argument("name", choices=NAMES, help="the claim (conf/sweep/claim_<name>.yaml)")
+    parser.add_argument("runs", nargs="?", type=Path, default=Path("results/runs"),
+                        help="directory holding run records at any depth (default results/runs)")
+    parser.add_argument("--scale", default="tiny", help="the sweep's scale (default tiny)")
+    parser.add_argument("--out", type=Path, help="output folder (default results/claims/<name>)")
     args = parser.parse_args(argv)
     try:
-        paths = report(args.claim, args.runs, args.out or Path("results/claims") / args.claim)
+        claim = module(args.name)
+        frames = load_sweep(args.runs, claim.SWEEP, args.scale, claim.KEEP)
+        if frames.runs.empty:
+            raise ValueError(f"runs: no usable runs of sweep {claim.SWEEP} (scale {args.scale}) "
+                             f"below {args.runs}; run `make claim-{args.name}` first")
+        paths = write(args.name, frames, args.out or Path("results/claims") / args.name)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for path in paths:
-        print(path)
+    print(f"{args.name}: {len(frames.runs)} runs -> {', '.join(map(str, paths))}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The Accordion seed's equivalence: Accordion on the batch size vs on the compression.
 
-    python -m analysis.claims_batch [RUNS] [--out results/claims/batch]
+    python -m analysis.claims batch [RUNS] [--out results/claims/batch]
 
 From the runs of conf/sweep/claim_batch.yaml: two families, each a low endpoint (small batch /
 Top-K 99%), a high one (large batch / Top-K 10%) and Accordion between them. Per family: test
@@ -11,15 +11,14 @@ critical epochs (an epoch is critical where any layer is), compared across the t
 
 from __future__ import annotations
 
-import sys
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.claims_common import layer_columns, main, markdown
-from analysis.load import Frames
+from analysis.load import Frames, layer_columns
+from analysis.tables import markdown
 
-NAME, SWEEP = "batch", "claim_batch"
+SWEEP, FIGURE = "claim_batch", "batch.png"
+KEEP = ("completed", "diverged")  # a diverging method is part of the claim
 
 
 def family(compressor: str) -> str:
@@ -93,6 +92,3 @@ def table(frames: Frames) -> str:
     return markdown(frame.assign(_rank=rank).sort_values(["family", "_rank", "seed"])
                     .drop(columns="_rank"))
 
-
-if __name__ == "__main__":
-    main(NAME, SWEEP, plot, table, sys.argv[1:])

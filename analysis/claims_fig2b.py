@@ -1,6 +1,6 @@
 """Accordion Fig. 2b: high compression only early, only late, or throughout.
 
-    python -m analysis.claims_fig2b [RUNS] [--out results/claims/fig2b]
+    python -m analysis.claims fig2b [RUNS] [--out results/claims/fig2b]
 
 From the runs of conf/sweep/claim_fig2b.yaml (PowerSGD rank 4 = low, rank 1 = high compression;
 the same epochs and examples for every run): test accuracy per epoch, the epoch k where the
@@ -9,15 +9,14 @@ planned runs switch, and per method the final and best accuracy and the data sen
 
 from __future__ import annotations
 
-import sys
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.claims_common import main, markdown
 from analysis.load import Frames
+from analysis.tables import markdown
 
-NAME, SWEEP = "fig2b", "claim_fig2b"
+SWEEP, FIGURE = "claim_fig2b", "fig2b.png"
+KEEP = ("completed", "diverged")  # a diverging method is part of the claim
 LABELS = {"rank4": "rank 4 throughout (low)", "rank1": "rank 1 throughout (high)",
           "rank1_first_rank4": "rank 1 in the first k epochs, then rank 4",
           "rank4_first_rank1": "rank 4 in the first k epochs, then rank 1"}
@@ -86,6 +85,3 @@ def table(frames: Frames) -> str:
     frame = pd.DataFrame(rows).set_index("method").loc[order].reset_index()
     return markdown(frame)
 
-
-if __name__ == "__main__":
-    main(NAME, SWEEP, plot, table, sys.argv[1:])

@@ -1,6 +1,6 @@
 """Accordion Fig. 4a: the overlap of the top-10% coordinates of gradients over training.
 
-    python -m analysis.claims_overlap [RUNS] [--out results/claims/overlap]
+    python -m analysis.claims overlap [RUNS] [--out results/claims/overlap]
 
 From the runs of conf/sweep/claim_overlap.yaml (``observe.overlap_epochs``: every epoch): per
 run and epoch, the overlap of the two workers' top-10% supports (``overlap/<layer>``) and of each
@@ -11,15 +11,14 @@ all its matrix-shaped layers: ``overlap_model``, ``overlap_batch_model``).
 
 from __future__ import annotations
 
-import sys
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.claims_common import layer_columns, main, markdown
-from analysis.load import Frames
+from analysis.load import Frames, layer_columns
+from analysis.tables import markdown
 
-NAME, SWEEP = "overlap", "claim_overlap"
+SWEEP, FIGURE = "claim_overlap", "overlap.png"
+KEEP = ("completed", "diverged")  # a diverging method is part of the claim
 PAPER = 0.9  # Agarwal et al. Fig. 4a: "more than 90%"
 KINDS = {"overlap": "worker vs worker", "overlap_batch": "worker vs global batch"}
 MODEL = "_model"  # overlap_model, overlap_batch_model: the whole model's
@@ -45,6 +44,16 @@ def data(frames: Frames) -> pd.DataFrame:
                          "layers": len(values)})
     return pd.DataFrame(rows).sort_values(["batch", "kind", "seed", "epoch"]).reset_index(
         drop=True)
+
+
+def mean_overlap(frames: Frames, prefix: str) -> pd.Series:
+    """Per run, the overlap ``prefix`` (``overlap``: worker vs worker; ``overlap_batch``: worker
+    vs global batch) averaged over the layers of each measured epoch, then over those epochs."""
+    epochs = frames.epochs
+    columns = layer_columns(epochs, prefix)
+    if not columns:
+        return pd.Series(dtype=float)
+    return epochs[columns].mean(axis=1).groupby(epochs["run_id"]).mean()
 
 
 def plot(frames: Frames) -> plt.Figure:
@@ -100,6 +109,3 @@ def table(frames: Frames) -> str:
                      "layers": int(run["layers"].iloc[0])})
     return markdown(pd.DataFrame(rows))
 
-
-if __name__ == "__main__":
-    main(NAME, SWEEP, plot, table, sys.argv[1:])

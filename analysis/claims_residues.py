@@ -1,6 +1,6 @@
 """AdaComp Figs. 4-6: residues under the soft threshold vs hard Local Selection, per bin size.
 
-    python -m analysis.claims_residues [RUNS] [--out results/claims/residues]
+    python -m analysis.claims residues [RUNS] [--out results/claims/residues]
 
 From the runs of conf/sweep/claim_residues.yaml: per run and epoch, the largest |residue| over
 all compressed layers (max of |residue_min/*|, |residue_max/*|, logged at each epoch's end),
@@ -10,16 +10,15 @@ the mean fraction of elements sent (sent_fraction/*) and the test accuracy. Figu
 
 from __future__ import annotations
 
-import sys
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.claims_common import layer_columns, main, markdown
-from analysis.load import Frames
+from analysis.load import Frames, layer_columns
+from analysis.tables import markdown
 
-NAME, SWEEP = "residues", "claim_residues"
+SWEEP, FIGURE = "claim_residues", "residues.png"
+KEEP = ("completed", "diverged")  # a diverging method is part of the claim
 
 
 def selection(soft: object) -> str:
@@ -47,6 +46,15 @@ def data(frames: Frames) -> pd.DataFrame:
     })
     out["residue_absmax"] = np.maximum(out["residue_max"], -out["residue_min"])
     return out.sort_values(["bin_size", "selection", "seed", "epoch"]).reset_index(drop=True)
+
+
+def largest_residue(frames: Frames) -> pd.Series:
+    """Per run, the largest finite |residue| over its epochs and layers (the scorecard's
+    ``residue_absmax``; a run whose residues overflowed keeps its last finite ones)."""
+    epochs = frames.epochs
+    columns = layer_columns(epochs, "residue_min") + layer_columns(epochs, "residue_max")
+    sizes = epochs[columns].abs()
+    return sizes.where(np.isfinite(sizes)).max(axis=1).groupby(epochs["run_id"]).max()
 
 
 def plot(frames: Frames) -> plt.Figure:
@@ -102,6 +110,3 @@ def table(frames: Frames) -> str:
         })
     return markdown(pd.DataFrame(rows))
 
-
-if __name__ == "__main__":
-    main(NAME, SWEEP, plot, table, sys.argv[1:])

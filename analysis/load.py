@@ -8,11 +8,13 @@ directory names are never parsed: what a run is comes from its resolved config.
 
 - ``runs``: one row per run: ``run_id`` (the directory relative to the root), ``source``,
   ``path``, the resolved config flattened to dot keys (``model.name``, ``compressor.rank``, ...;
-  lists become tuples), the run identity of CONTRACT.md filled in for ad-hoc runs (``sweep``
-  ``adhoc``, ``scale`` ``custom``, ``method`` the experiment ``name``, ``variant`` ``ours``), the
-  summary (``status``, ``epochs_completed``, ``metric``, ``final``, ``best``, ``total_bits``,
-  ``total_bits_dense``, ``total_time_s``, ``params_in_sync``) and ``problem`` (None, or why the
-  run is left out).
+  lists become tuples), the run identity of docs/run-record.md filled in for ad-hoc runs
+  (``sweep`` ``adhoc``, ``scale`` ``custom``, ``method`` the experiment ``name``, ``variant``
+  ``ours``), the summary (``status``, ``epochs_completed``, ``metric``, ``final``, ``best``,
+  ``total_bits``, ``total_bits_dense``, ``total_time_s``, ``params_in_sync``), the provenance
+  (``provenance.fingerprint``, ``provenance.machine``, ``provenance.git.commit``, ... as
+  :mod:`analysis.provenance` reads them; ``unknown`` for runs recorded before provenance) and
+  ``problem`` (None, or why the run is left out).
 - ``epochs``: one row per run and epoch: ``run_id``, ``epoch`` and every other key of
   ``metrics.jsonl`` as a float (``critical/*`` as 0/1; a key an epoch did not log is NaN).
 - ``problems``: one row per run left out: ``path``, ``reason`` and what is known of its identity.
@@ -33,18 +35,19 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from omegaconf import OmegaConf
 
-from core.record import METRICS, SUMMARY, summarize
+from analysis import provenance
+from core.record import METRICS, SUMMARY, flatten, summarize
 
 CONFIG = Path(".hydra") / "config.yaml"
-# CONTRACT.md: a table's run group, and a run within it.
+# docs/run-record.md: a table's run group, and a run within it.
 IDENTITY = ("sweep", "scale", "dataset.name", "model.name", "compressor.name", "method", "variant")
 RUN_KEYS = (*IDENTITY, "seed")
 SUMMARY_FIELDS = ("status", "epochs_completed", "metric", "final", "best", "total_bits",
@@ -58,7 +61,8 @@ class RunData:
 
     ``config`` is the resolved config (nested) or None if unreadable; ``rows`` the epoch rows that
     could be read; ``summary`` has :data:`SUMMARY_FIELDS` (None if there is none); ``problem``
-    says why the run is left out (None: it is complete).
+    says why the run is left out (None: it is complete); ``provenance`` the run's provenance
+    columns (:func:`analysis.provenance.columns`; empty: unknown).
     """
 
     run_id: str
@@ -68,6 +72,7 @@ class RunData:
     rows: list[dict[str, Any]]
     summary: dict[str, Any] | None
     problem: str | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,6 +174,7 @@ def _read_summary(run: RunData, path: Path) -> str | None:
         run.summary = summary_from_rows(run.rows, "incomplete", metric)
         return f"unreadable {SUMMARY}: {exc}"
     run.summary = {k: saved.get(k) for k in SUMMARY_FIELDS}
+    run.provenance = provenance.from_summary(saved)
     if saved["status"] != COMPLETED:
         return f"status {saved['status']}"
     if saved.get("params_in_sync") is False:
@@ -183,6 +189,18 @@ def _read_summary(run: RunData, path: Path) -> str | None:
 
 
 # ---- shared by every source ----------------------------------------------------------------
+def usable(runs: pd.DataFrame, statuses: Iterable[str] = (COMPLETED,)) -> pd.Series:
+    """Which rows of a runs frame loaded with ``include_incomplete`` are complete, or ended in
+    one of ``statuses`` (``diverged``) with no other problem."""
+    return runs["problem"].isna() | (runs["status"].isin(list(statuses))
+                                     & (runs["problem"] == "status " + runs["status"]))
+
+
+def layer_columns(epochs: pd.DataFrame, prefix: str) -> list[str]:
+    """The per-layer columns ``<prefix>/<layer>`` of the epochs frame that some epoch logged."""
+    return [c for c in epochs.columns if c.startswith(prefix + "/") and epochs[c].notna().any()]
+
+
 def metric_of(rows: list[dict[str, Any]]) -> str:
     """The run's test metric: ``test/perplexity`` for language models, else ``test/accuracy``."""
     return "test/perplexity" if any("test/perplexity" in r for r in rows) else "test/accuracy"
@@ -198,7 +216,7 @@ def summary_from_rows(rows: list[dict[str, Any]], status: str, metric: str,
 
 def frames(runs: Iterable[RunData], include_incomplete: bool = False) -> Frames:
     """The three frames from runs read by any source."""
-    read = [(run, identity(flatten(run.config)) if run.config is not None else {})
+    read = [(run, identity(flat_config(run.config)) if run.config is not None else {})
             for run in runs]
     _mark_duplicates(read)
     run_rows, epoch_rows, problem_rows = [], [], []
@@ -210,13 +228,14 @@ def frames(runs: Iterable[RunData], include_incomplete: bool = False) -> Frames:
                 continue
         summary = run.summary or summary_from_rows(run.rows, "incomplete", metric_of(run.rows))
         run_rows.append({"run_id": run.run_id, "source": run.source, "path": run.path, **flat,
-                         **summary, "problem": run.problem})
+                         **summary, **(run.provenance or provenance.columns({})),
+                         "problem": run.problem})
         for row in run.rows:
             epoch_rows.append({"run_id": run.run_id,
                                **{k: _float(v) for k, v in row.items()}})
     runs_frame = pd.DataFrame(run_rows, columns=None if run_rows else
                               ["run_id", "source", "path", *RUN_KEYS, "baseline",
-                               *SUMMARY_FIELDS, "problem"])
+                               *SUMMARY_FIELDS, *provenance.COLUMNS, "problem"])
     epochs_frame = pd.DataFrame(epoch_rows, columns=None if epoch_rows else ["run_id", "epoch"])
     if not epochs_frame.empty:
         epochs_frame["epoch"] = epochs_frame["epoch"].astype(int)
@@ -238,20 +257,15 @@ def _mark_duplicates(read: list[tuple[RunData, dict[str, Any]]]) -> None:
             run.problem = f"duplicate: same identity and seed as {kept.run_id} (kept)"
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"model": {"name": "x"}}`` -> ``{"model.name": "x"}``; lists become tuples."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = tuple(value) if isinstance(value, list) else value
-    return flat
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``{"model": {"name": "x"}}`` -> ``{"model.name": "x"}`` (:func:`core.record.flatten`);
+    lists become tuples (a frame's cells must hash for grouping)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(config).items()}
 
 
 def identity(flat: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config with CONTRACT.md's run identity filled in for ad-hoc runs."""
+    """The flattened config with the run identity (docs/run-record.md) filled in for ad-hoc
+    runs."""
     out = dict(flat)
     defaults = {"sweep": "adhoc", "scale": "custom", "variant": "ours",
                 "method": flat.get("name") or f"{flat.get('compressor.name')}-"

@@ -83,7 +83,8 @@ def sweep_report(frames: Frames, sweep: str, out: Path, ref: pd.DataFrame,
         tables.write(table, shown, out, "table", caption)
         blocks += [Block("h2", "Table"), Block("p", caption + " Files: `table.csv` (every "
                                                 "number), `table.md`, `table.tex`."),
-                   Block("table", table=shown), Block("p", ACCOUNTING)]
+                   Block("table", table=shown), Block("p", tables.machine_legend(table)),
+                   Block("p", ACCOUNTING)]
     if not unmatched.empty:
         blocks += [Block("h2", "Published numbers without runs here"),
                    Block("table", table=unmatched[["table", "dataset", "model", "compressor",
@@ -181,6 +182,10 @@ def summary(table: pd.DataFrame, types: pd.DataFrame, frames: Frames, unmatched:
     lines = [f"{int(table['seeds'].sum())} runs in {len(table)} groups "
              f"({most} seed{'s' if most != 1 else ''} at most); {len(frames.problems)} left out"
              + (f" ({_reasons(frames.problems)})." if len(frames.problems) else ".")]
+    warned = table[table["provenance_warning"] != ""]
+    lines += [f"Warning: {r['model.name']} {r['method']} ({r['variant']}) "
+              f"{r['provenance_warning']}: its runs are not one machine's and one commit's."
+              for _, r in warned.iterrows()]
     lines += _paper_matches(table)
     if (table["scale"] != reference.PAPER_SCALE).any() and table["published"].notna().any():
         lines.append("Not at paper scale: other data, narrower models and fewer epochs than the "

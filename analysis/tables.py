@@ -1,9 +1,10 @@
 """The papers' tables from the loaded frames: one row per run group, mean +- std over seeds.
 
 :func:`run_stats` reduces each run to its numbers; :func:`group_table` aggregates them per
-group (CONTRACT.md: sweep, scale, dataset, model, compressor, method, variant); :func:`display`
-turns a table into the strings the markdown / LaTeX files show, and :func:`write` writes
-``<name>.md``, ``<name>.csv`` (every number, unrounded) and ``<name>.tex`` (booktabs).
+group (docs/run-record.md: sweep, scale, dataset, model, compressor, method, variant);
+:func:`display` turns a table into the strings the markdown / LaTeX files show, and
+:func:`write` writes ``<name>.md``, ``<name>.csv`` (every number, unrounded) and ``<name>.tex``
+(booktabs).
 
 Data sent is ``comm/bits`` summed over the run's epochs: the payload one worker put into its
 gradient messages under the papers' accounting (core/record.py): 32 bits per element for fp32,
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis import provenance
 from analysis.load import IDENTITY, Frames
 
 BITS_PER_FLOAT, BITS_PER_BYTE = 32, 8
@@ -35,6 +37,7 @@ VARIANT_ORDER = ("authors", "ours")  # published, ours-as-the-authors-ran-it, ou
 LAYER_TYPES = ("conv", "fc")
 AGGREGATED = ("final", "best", "bits", "floats", "bytes", "bits_dense", "train_time_s",
               "critical", "conv_x", "fc_x")  # per run; the tables show mean and std
+PROVENANCE_SHOWN = ("fingerprints", "commits", "machines", "provenance_warning")
 
 
 # ---- numbers ------------------------------------------------------------------------------
@@ -57,7 +60,8 @@ def run_stats(frames: Frames) -> pd.DataFrame:
             per_run[f"{kind}_x"] = ratio.where(np.isfinite(ratio))
         else:
             per_run[f"{kind}_x"] = np.nan
-    keys = ["run_id", *IDENTITY, "seed", "baseline", "metric", "final", "best"]
+    keys = ["run_id", *IDENTITY, "seed", "baseline", "metric", "final", "best", "problem",
+            *provenance.COLUMNS]
     stats = runs[[k for k in keys if k in runs]].merge(per_run, left_on="run_id",
                                                       right_index=True, how="left")
     stats["floats"] = stats["bits"] / BITS_PER_FLOAT
@@ -79,21 +83,28 @@ def _critical_fraction(epochs: pd.DataFrame) -> pd.Series:
 def group_table(stats: pd.DataFrame, problems: pd.DataFrame | None = None) -> pd.DataFrame:
     """Mean and std (over seeds) per run group, with reduction and speed-up vs the baseline.
 
-    Groups that have only runs left out (``problems``) get a row with ``seeds`` 0; ``skipped``
-    counts the left-out runs of each group.
+    ``seeds`` counts the group's runs with a final metric (``seed_list`` names their seeds);
+    ``incomplete`` those of them kept with a problem (``include_incomplete``), ``skipped`` the
+    left-out runs (``problems`` not in ``stats``); groups whose every run was left out get a row
+    with ``seeds`` 0. ``fingerprints``, ``commits``, ``machines`` and ``provenance_warning``
+    say which machines and code made the group's runs (:func:`analysis.provenance.cell`).
     """
     rows = []
     for key, runs in stats.groupby(list(IDENTITY), sort=False):
         row = dict(zip(IDENTITY, key, strict=True))
         row["baseline"] = _first(runs["baseline"])
         row["metric"] = _first(runs["metric"])
-        row["seeds"] = int(runs["final"].notna().sum())
-        row["seed_list"] = " ".join(str(s) for s in sorted(runs["seed"].dropna().unique()))
+        counted = runs[pd.to_numeric(runs["final"], errors="coerce").notna()]
+        row["seeds"] = len(counted)
+        row["seed_list"] = " ".join(str(s) for s in sorted(counted["seed"].dropna().unique()))
+        row["incomplete"] = int(counted["problem"].notna().sum()) if "problem" in counted else 0
+        row.update(provenance.cell(runs))
         for column in AGGREGATED:
             row[f"{column}_mean"], row[f"{column}_std"] = _mean_std(runs[column])
         row["conv_bin"], row["fc_bin"] = _first(runs["conv_bin"]), _first(runs["fc_bin"])
         rows.append(row)
     if problems is not None and not problems.empty:
+        problems = problems[~problems["run_id"].isin(stats["run_id"])]
         rows += _skipped_only(rows, problems)
     table = pd.DataFrame(rows)
     if table.empty:
@@ -126,7 +137,8 @@ def _skipped_only(rows: list[dict], problems: pd.DataFrame) -> list[dict]:
     extra = []
     for key, _ in problems.dropna(subset=list(IDENTITY)).groupby(list(IDENTITY), sort=False):
         if key not in seen:
-            extra.append({**dict(zip(IDENTITY, key, strict=True)), "seeds": 0, "seed_list": ""})
+            extra.append({**dict(zip(IDENTITY, key, strict=True)), "seeds": 0, "seed_list": "",
+                          "incomplete": 0, **dict.fromkeys(PROVENANCE_SHOWN, "")})
             seen.add(key)
     return extra
 
@@ -290,8 +302,8 @@ def _identity_columns(table: pd.DataFrame) -> pd.DataFrame:
 def display(table: pd.DataFrame) -> pd.DataFrame:
     """The strings of the main table: identity columns that vary, then the numbers."""
     out = _identity_columns(table)
-    out["seeds"] = [f"{s}" + (f" (+{k} skipped)" if k else "")
-                    for s, k in zip(table["seeds"], table["skipped"], strict=True)]
+    out["seeds"] = [seeds(s, i, k) for s, i, k in
+                    zip(table["seeds"], table["incomplete"], table["skipped"], strict=True)]
     names = table["metric"].map(METRIC_NAMES).fillna("metric")
     metric = names.iloc[0] if names.nunique() == 1 else "metric"
     if metric == "metric":
@@ -315,7 +327,33 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         out["critical (%)"] = [mean_std(100 * m, 100 * s, 0) if not math.isnan(m) else "—"
                                for m, s in zip(table["critical_mean"], table["critical_std"],
                                                strict=True)]
+    return with_provenance(out, table)
+
+
+def seeds(counted: int, incomplete: int, skipped: int) -> str:
+    """``3``, ``3 (1 incomplete)``, ``2 (+1 skipped)``: runs with a final metric, how many of
+    them are kept incomplete (``--include-incomplete``), and the runs left out."""
+    notes = [f"{incomplete} incomplete" if incomplete else "", f"+{skipped} skipped"
+             if skipped else ""]
+    return " ".join([str(counted), *(f"({n})" for n in notes if n)])
+
+
+def with_provenance(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """``shown`` with the machines (fingerprints) and commits of each row's runs, and a
+    ``warning`` column where some row mixes machines or commits (or a run moved)."""
+    out = shown.copy()
+    out["machines"], out["commits"] = table["fingerprints"], table["commits"]
+    if (table["provenance_warning"] != "").any():
+        out["warning"] = table["provenance_warning"]
     return out
+
+
+def machine_legend(table: pd.DataFrame) -> str:
+    """One sentence naming each fingerprint of ``table``'s rows by its machine label."""
+    labels = sorted({part for text in table["machines"] if text for part in text.split("; ")})
+    if not labels:
+        return "Machines: unknown (runs recorded without provenance)."
+    return "Machines: " + "; ".join(labels) + "."
 
 
 _LABELS = {"dataset.name": "dataset", "compressor.name": "compressor"}

@@ -16,12 +16,15 @@ columns, NaN where a key was not logged; and its state), and :func:`to_run_data`
 comes from the W&B state (``finished`` -> ``completed``; a run that ended with a non-finite train
 loss -> ``diverged``), the summary is recomputed from the history as run.py computes it,
 ``total_time_s`` is W&B's runtime (which includes start-up) and ``params_in_sync`` is unknown.
+The provenance comes from the config's ``provenance.*`` keys (:mod:`analysis.provenance`).
 A run resumed from its checkpoint leaves one W&B run per start: the files of one run directory
-are joined (later epochs win); online, such runs appear separately.
+are joined (later epochs win; each file is one of the run's starts); online, such runs appear
+separately.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -33,6 +36,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis import provenance
 from analysis.load import (
     COMPLETED,
     RUN_KEYS,
@@ -43,6 +47,7 @@ from analysis.load import (
     metric_of,
     summary_from_rows,
 )
+from core.record import flatten
 
 # LevelDB log format, as W&B writes it.
 HEADER = struct.Struct("<4sHB")  # ident, magic, version
@@ -53,12 +58,14 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 STATES = {"finished": COMPLETED}  # W&B run state -> our status; others are failures
 COMPARED = ("status", "epochs_completed", "metric", "final", "best", "total_bits",
             "total_bits_dense")  # then every config key
-NOT_COMPARED = {"run_id", "source", "path", "problem", "total_time_s", "params_in_sync"}
+NOT_COMPARED = {"run_id", "source", "path", "problem", "total_time_s", "params_in_sync",
+                provenance.STARTS}  # a start that logged no epoch has no W&B epoch to date it
 
 
 @dataclass
 class WandbRun:
-    """One W&B run: ``history`` is a frame like ``wandb.Api()``'s ``Run.history(pandas=True)``."""
+    """One W&B run: ``history`` is a frame like ``wandb.Api()``'s ``Run.history(pandas=True)``;
+    ``starts`` the provenance of each start (:func:`start`; empty: this run is the only one)."""
 
     run_id: str
     path: str
@@ -66,12 +73,25 @@ class WandbRun:
     history: pd.DataFrame
     state: str
     runtime_s: float = math.nan
+    starts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def start(run: WandbRun) -> dict[str, Any]:
+    """One start's provenance as ``summary.json``'s ``starts`` holds it (flattened): the
+    config's ``provenance.*`` keys without the prefix, and the first epoch it logged."""
+    flat = flatten({k: v for k, v in run.config.items() if not k.startswith("_")})
+    epochs = run.history["epoch"].dropna() if "epoch" in run.history else pd.Series()
+    return {**{k.removeprefix(provenance.PREFIX): v for k, v in flat.items()
+               if k.startswith(provenance.PREFIX)},
+            "epoch": int(epochs.min()) if not epochs.empty else None}
 
 
 # ---- conversion (the part every W&B source shares) -----------------------------------------
 def to_run_data(run: WandbRun, source: str = "wandb") -> RunData:
     """A W&B run as the :class:`RunData` its run record would give."""
-    config = {k: v for k, v in run.config.items() if not k.startswith("_")}
+    flat = flatten({k: v for k, v in run.config.items() if not k.startswith("_")})
+    config = {k: v for k, v in flat.items() if not k.startswith(provenance.PREFIX)}
+    provenance_columns = provenance.columns(flat, run.starts or [start(run)])
     history = run.history.drop(columns=[c for c in run.history.columns if c.startswith("_")])
     if "epoch" in history:
         history = history.dropna(subset=["epoch"]).sort_values("epoch", kind="stable")
@@ -92,7 +112,8 @@ def to_run_data(run: WandbRun, source: str = "wandb") -> RunData:
         problem = "W&B history epochs are not 0, 1, ..."
     elif status != COMPLETED:
         problem = f"status {status}"
-    return RunData(run.run_id, source, run.path, config, rows, summary, problem)
+    return RunData(run.run_id, source, run.path, config, rows, summary, problem,
+                   provenance_columns)
 
 
 # ---- offline run files ----------------------------------------------------------------------
@@ -180,7 +201,7 @@ def _from_run_dir(run_dir: Path, root: Path) -> RunData:
     if "epoch" in history:
         history = history.drop_duplicates(subset=["epoch"], keep="last")
     joined = WandbRun(run_id, str(run_dir), parts[-1].config, history, parts[-1].state,
-                      sum(p.runtime_s for p in parts))
+                      sum(p.runtime_s for p in parts), [start(p) for p in parts])
     return to_run_data(joined, source="wandb-files")
 
 
@@ -238,7 +259,8 @@ def compare(a: Frames, b: Frames) -> pd.DataFrame:
         ra, rb = left[key], right[key]
         for field in fields:
             if not _equal(ra.get(field), rb.get(field)):
-                diffs.append({"run": key, "what": field, "a": ra[field], "b": rb[field]})
+                diffs.append({"run": key, "what": field, "a": ra.get(field),
+                              "b": rb.get(field)})
         ea = a.epochs[a.epochs["run_id"] == ra["run_id"]].set_index("epoch").drop(columns="run_id")
         eb = b.epochs[b.epochs["run_id"] == rb["run_id"]].set_index("epoch").drop(columns="run_id")
         for column in sorted(set(ea.columns) | set(eb.columns)):

@@ -64,8 +64,10 @@ class Epoch:
     bits_replay: float | None
 
 
-def load_run(run_dir: Path) -> tuple[DictConfig, list[dict[str, Any]]]:
-    """The run's config and its epoch rows (0, 1, ... in order)."""
+def load_run(run_dir: Path, accepted: Sequence[str] = LEVEL_SCHEDULERS + BATCH_SCHEDULERS
+             ) -> tuple[DictConfig, list[dict[str, Any]]]:
+    """The run's config and its epoch rows (0, 1, ... in order); a ConfigError unless its
+    scheduler is one of ``accepted``."""
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         raise ConfigError(f"run_dir: no .hydra/config.yaml in {run_dir}; pass a run directory")
@@ -73,9 +75,9 @@ def load_run(run_dir: Path) -> tuple[DictConfig, list[dict[str, Any]]]:
     if not rows or [r.get("epoch") for r in rows] != list(range(len(rows))):
         raise ConfigError(f"run_dir: {run_dir / METRICS} must hold one row per epoch 0, 1, ...")
     cfg = OmegaConf.load(config)
-    if cfg.scheduler.name not in LEVEL_SCHEDULERS + BATCH_SCHEDULERS:
+    if cfg.scheduler.name not in accepted:
         raise ConfigError(f"scheduler.name: the run used {cfg.scheduler.name!r}; what-if replays "
-                          f"runs of {sorted(set(LEVEL_SCHEDULERS + BATCH_SCHEDULERS))}")
+                          f"runs of {sorted(set(accepted))}")
     return cfg, rows
 
 

@@ -17,6 +17,14 @@ the collectives each method issued, compression free), every method gets the mea
 over ``none``, the ideal one, and their quotient (target >= 0.9 at ratios >= 1). Raw records go
 to results/bench/raw/e2e/ (one JSON per model and ratio); :mod:`benchmarks.projection` reads them
 to project to clusters (``make bench-e2e`` runs it next).
+
+``--device cuda`` (``make bench-e2e DEVICE=cuda``; needs 2 GPUs, skipped in one line with fewer):
+each rank trains on a GPU of its own (per-rank batches ``gpu_batch``, a GPU step being far
+shorter) and communicates through NCCL, kept off NVLink, PCIe peer-to-peer and shared memory
+and on TCP sockets over the namespace's lo (``NCCL_OVER_LINK``), so that the rate limit applies
+to it as it does to gloo. Phases are timed on the GPU (benchmarks/e2e_ranks.py). lo then also
+carries NCCL's protocol overhead (its LL protocols send flags beside the data). Results go to
+``--out`` (the Makefile: results/bench/cuda/).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from benchmarks import netmodel
 from benchmarks.netmodel import Collective, Compute
 from benchmarks.netns import Hosts, Namespace, Unavailable, rank_env, unavailable_reason
@@ -47,11 +57,11 @@ TARGET = 0.9  # measured / ideal speed-up, at ratios >= 1
 # a CPU step near a second (0.5-3 s measured on the busy 2-core machine) and the benchmark short.
 MODELS: dict[str, dict[str, Any]] = {
     "resnet18": {"model": "resnet18", "model_kwargs": {"num_classes": 10}, "input": "image",
-                 "shape": [3, 32, 32], "batch": 4},
+                 "shape": [3, 32, 32], "batch": 4, "gpu_batch": 128},
     "vgg19bn": {"model": "vgg19bn", "model_kwargs": {"num_classes": 10}, "input": "image",
-                "shape": [3, 32, 32], "batch": 4},
+                "shape": [3, 32, 32], "batch": 4, "gpu_batch": 128},
     "lstm": {"model": "lstm", "model_kwargs": {"num_classes": 33278}, "input": "tokens",
-             "seq": 35, "batch": 2},
+             "seq": 35, "batch": 2, "gpu_batch": 32},
 }
 # Narrow versions, for tests and a first look (`--tiny`).
 TINY: dict[str, dict[str, Any]] = {
@@ -76,6 +86,11 @@ METHODS: list[dict[str, Any]] = [
     _ours("adacomp", "AdaComp L_T 50/500", "adacomp", conv_bin_size=50, fc_bin_size=500),
 ]
 CALIBRATION = ("compute", "dense")
+# NCCL between two GPUs of one machine on TCP over lo, as gloo's traffic goes (NCCL's
+# environment variables: docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html):
+# no peer-to-peer, shared-memory or InfiniBand transport, the socket network on lo.
+NCCL_OVER_LINK = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
+                  "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
 
 
 # ---- running the ranks -----------------------------------------------------------------------
@@ -90,8 +105,9 @@ def launch(ns: Namespace, model: dict[str, Any], methods: list[dict[str, Any]], 
     spec_path.write_text(json.dumps(spec))
     qdisc = ns.qdisc_stats()
     started = time.perf_counter()
+    env = {**rank_env(), **(NCCL_OVER_LINK if model.get("device") == "cuda" else {})}
     done = ns.run([sys.executable, "-m", "benchmarks.e2e_ranks", str(spec_path), str(out_path)],
-                  env=rank_env(), timeout_s=3600)
+                  env=env, timeout_s=3600)
     if done.returncode != 0:
         raise RuntimeError(f"ranks failed ({path.name}):\n{done.stderr[-4000:]}")
     after = ns.qdisc_stats()
@@ -312,12 +328,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="measured steps per method")
     parser.add_argument("--tiny", action="store_true", help="narrow models (a quick check)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: each rank on a GPU of its own, NCCL through the link")
     parser.add_argument("--report-only", action="store_true",
                         help="only rewrite the results from the raw records of the last run")
     args = parser.parse_args(argv)
     raw_dir = args.out / "raw" / "e2e"
     if not args.report_only:
-        models = TINY if args.tiny else MODELS
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if args.device == "cuda" and gpus < WORLD:
+            print(f"bench-e2e: skipped: --device cuda needs {WORLD} GPUs, torch sees {gpus}")
+            return 0
+        models = on_device(TINY if args.tiny else MODELS, args.device)
         keys = set(args.methods or [m["key"] for m in METHODS]) | {"compute", "dense", "none"}
         methods = [m for m in METHODS if m["key"] in keys]
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -333,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     report(raw_dir, args.out)
     return 0
+
+
+def on_device(models: dict[str, dict[str, Any]], device: str) -> dict[str, dict[str, Any]]:
+    """The model specs for ranks on ``device`` (cuda: each its ``gpu_batch`` per rank)."""
+    if device == "cpu":
+        return models
+    return {name: {**m, "device": device, "batch": m.get("gpu_batch", m["batch"])}
+            for name, m in models.items()}
 
 
 def measure(models: dict[str, dict[str, Any]], methods: list[dict[str, Any]],

@@ -26,6 +26,12 @@ Per step the ranks record forward, backward (which ends when DDP has every bucke
 optimizer times, each bucket's ready time, every collective the step issued (op, bytes, bucket,
 time: ``torch.distributed`` calls are observed, nothing in them changes), our hook's
 ``wire_bits`` and compressor time, and on rank 0 the bytes the namespace's lo carried.
+
+``"device": "cuda"`` in the spec: rank r trains on GPU r and every method communicates through
+an NCCL group (the caller routes NCCL through the namespace's lo: benchmarks/e2e.py). Phases are
+timed between ``torch.cuda.synchronize()`` calls, so they are the GPU's, and a bucket's ready
+time is that of a CUDA event recorded on the backward stream when DDP hands the bucket over (it
+completes when the bucket's gradients are written; the host gets there earlier).
 """
 
 # No `from __future__ import annotations`: DDP checks dispatch_hook's annotations at runtime.
@@ -60,10 +66,12 @@ LATENCY_REPEATS = 20
 
 # ---- the hook every step goes through -------------------------------------------------------
 class Dispatch:
-    """Which method handles the buckets of the current step, and what the step did."""
+    """Which method handles the buckets of the current step, and what the step did (``cuda``:
+    bucket ready times from CUDA events)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
         self.method: Callable[[dist.GradBucket], Future] | None = None
+        self.cuda = cuda
         self._lock = threading.Lock()
         self.begin(None)
         self.recording = False
@@ -72,6 +80,7 @@ class Dispatch:
         """Hand the buckets of the backward pass starting now to ``method`` and record what it
         does (times from now on)."""
         self.method, self.start = method, time.perf_counter()
+        self._events = [self._event()] if self.cuda else []  # backward's start, then buckets
         self.recording = True
         self.ready: list[float] = []
         self.sizes: list[int] = []
@@ -81,6 +90,8 @@ class Dispatch:
 
     def hook(self, bucket: dist.GradBucket) -> Future:
         self.ready.append(time.perf_counter() - self.start)
+        if self.cuda:
+            self._events.append(self._event())
         self.sizes.append(bucket.buffer().numel())
         with self._lock:
             self._calling = len(self._futures)
@@ -88,6 +99,21 @@ class Dispatch:
         with self._lock:
             self._futures.append(future)
         return future
+
+    @staticmethod
+    def _event() -> torch.cuda.Event:
+        """A timing event recorded on the current stream now."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ready_times(self) -> list[float]:
+        """Seconds from backward's start to each bucket's being ready (call once the device is
+        idle): on CUDA from the events, else the host's times."""
+        if not self.cuda:
+            return self.ready
+        start, *buckets = self._events
+        return [start.elapsed_time(e) / 1e3 for e in buckets]  # elapsed_time: ms
 
     def note(self, op: str, nbytes: int) -> None:
         """A collective was issued: it belongs to the first bucket not finished yet (buckets
@@ -135,9 +161,10 @@ def compute_only(bucket: dist.GradBucket) -> Future[torch.Tensor]:
 class Ours:
     """Our hook, as run.py registers it."""
 
-    def __init__(self, name: str, params: dict[str, Any], model: nn.Module) -> None:
+    def __init__(self, name: str, params: dict[str, Any], model: nn.Module,
+                 group: dist.ProcessGroup | None = None) -> None:
         self.state = compression.HookState(compression.create(name, **params),
-                                           model.named_parameters())
+                                           model.named_parameters(), group)
 
     def __call__(self, bucket: dist.GradBucket) -> Future[torch.Tensor]:
         return comm_hook(self.state, bucket)
@@ -160,11 +187,15 @@ class ChainedTorchPowerSGD:
     compression/hook.py), so both are timed alike.
     """
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, group: dist.ProcessGroup | None = None,
+                 device: torch.device | None = None) -> None:
         # min_compression_rate=1: compress every matrix where (n + m) r < n m, as ours does.
         self.state = torch_psgd.PowerSGDState(
-            process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+            process_group=group, matrix_approximation_rank=rank, start_powerSGD_iter=2,
             min_compression_rate=1, use_error_feedback=True, warm_start=True)
+        # On CUDA the future DDP waits on must name the device, or waiting on it orders no
+        # stream after the hook's work (torch/futures/__init__.py, Future.__init__).
+        self.devices = [device] if device is not None and device.type == "cuda" else []
         # Its plain all-reduce steps exist for DDP's bucket rebuild, which run_rank's priming
         # steps have done before any method runs: compress from the first step on.
         self.state.iter = self.state.start_powerSGD_iter
@@ -172,7 +203,7 @@ class ChainedTorchPowerSGD:
         self.previous.set_result(None)
 
     def __call__(self, bucket: dist.GradBucket) -> Future[torch.Tensor]:
-        done: Future[torch.Tensor] = Future()
+        done: Future[torch.Tensor] = Future(devices=self.devices)
 
         def finish(inner: Future) -> None:
             try:
@@ -191,16 +222,18 @@ class ChainedTorchPowerSGD:
         return done
 
 
-def make_method(spec: dict[str, Any], model: nn.Module
+def make_method(spec: dict[str, Any], model: nn.Module, group: dist.ProcessGroup | None = None
                 ) -> Callable[[dist.GradBucket], Future] | None:
-    """The hook callable of one method of the spec (None for ``dense_alone``)."""
+    """The hook callable of one method of the spec (None for ``dense_alone``); ``group``: the
+    process group its collectives use (None: the default one)."""
     kind = spec["kind"]
     if kind == "compute":
         return compute_only
     if kind == "ours":
-        return Ours(spec["name"], spec.get("params", {}), model)
+        return Ours(spec["name"], spec.get("params", {}), model, group)
     if kind == "torch_powersgd":
-        return ChainedTorchPowerSGD(int(spec["params"]["rank"]))
+        return ChainedTorchPowerSGD(int(spec["params"]["rank"]), group,
+                                    next(model.parameters()).device)
     if kind == "dense_alone":
         return None
     raise ValueError(f"method kind {kind!r}: expected compute, ours, torch_powersgd or "
@@ -239,43 +272,61 @@ class Rank:
     def __init__(self, rank: int, spec: dict[str, Any]) -> None:
         torch.manual_seed(0)  # the same initial model on every rank
         self.rank, self.spec = rank, spec
-        self.model = models.build(spec["model"], **spec["model_kwargs"])
-        self.ddp = DDP(self.model, bucket_cap_mb=BUCKET_CAP_MB)
-        self.dispatch = Dispatch()
+        self.cuda = spec.get("device", "cpu") == "cuda"
+        self.group, self.device = None, torch.device("cpu")  # None: the gloo group
+        if self.cuda:  # GPU `rank`, an NCCL group beside run_ranks' gloo one
+            torch.cuda.set_device(rank)
+            self.group, self.device = dist.new_group(backend="nccl"), torch.device("cuda", rank)
+        self.model = models.build(spec["model"], **spec["model_kwargs"]).to(self.device)
+        self.ddp = DDP(self.model, bucket_cap_mb=BUCKET_CAP_MB,
+                       device_ids=[rank] if self.cuda else None, process_group=self.group)
+        self.dispatch = Dispatch(self.cuda)
         self.ddp.register_comm_hook(self.dispatch, dispatch_hook)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
-        self.x, self.y = make_batch(spec, rank)
-        self.methods = {m["key"]: make_method(m, self.model) for m in spec["methods"]}
+        self.x, self.y = (t.to(self.device) for t in make_batch(spec, rank))
+        self.methods = {m["key"]: make_method(m, self.model, self.group)
+                        for m in spec["methods"]}
         self.bucket_sizes: list[int] = []
+
+    def sync(self) -> None:
+        """On CUDA, wait for the device: a phase's time is then its work, not its launches."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
 
     def train_step(self, key: str) -> dict[str, Any]:
         """One timed training step of method ``key``."""
         method = self.methods[key]
         before = method.counters() if isinstance(method, Ours) else (0.0, 0.0)
+        self.sync()
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         loss = _loss(self.ddp, self.x, self.y)
+        self.sync()
         t_forward = time.perf_counter()
         self.dispatch.begin(method)  # ready times and collectives: from backward's start
         loss.backward()
+        self.sync()
         t_backward = time.perf_counter()
         self.optimizer.step()
+        self.sync()
         end = time.perf_counter()
         self.dispatch.recording = False
         after = method.counters() if isinstance(method, Ours) else (0.0, 0.0)
         self.bucket_sizes = self.dispatch.sizes
         return {"step": end - start, "forward": t_forward - start,
                 "backward": t_backward - t_forward, "optimizer": end - t_backward,
-                "ready": self.dispatch.ready,
+                "ready": self.dispatch.ready_times(),
                 "collectives": self.dispatch.collectives,
                 "wire_bits": after[0] - before[0], "compress_s": after[1] - before[1]}
 
     def dense_alone(self) -> dict[str, Any]:
         """fp32 all-reduce of every bucket, one after the other, without compute."""
-        buffers = [torch.ones(n) for n in self.bucket_sizes]
+        buffers = [torch.ones(n, device=self.device) for n in self.bucket_sizes]
+        self.sync()
         start = time.perf_counter()
         for b in buffers:
-            dist.all_reduce(b)
+            dist.all_reduce(b, group=self.group)
+        self.sync()
         return {"step": time.perf_counter() - start}
 
     def measure(self, key: str) -> dict[str, Any]:
@@ -290,14 +341,18 @@ class Rank:
 
     def latency(self) -> dict[str, float]:
         """Median seconds of a one-float all-reduce and all-gather (alpha, measured)."""
-        one, out = torch.ones(1), torch.empty(dist.get_world_size())
+        one = torch.ones(1, device=self.device)
+        out = torch.empty(dist.get_world_size(), device=self.device)
         times: dict[str, list[float]] = {"all_reduce": [], "all_gather": []}
         for _ in range(LATENCY_REPEATS):
-            for op, call in (("all_reduce", lambda: dist.all_reduce(one)),
-                             ("all_gather", lambda: dist.all_gather_single(out, one))):
+            for op, call in (("all_reduce", lambda: dist.all_reduce(one, group=self.group)),
+                             ("all_gather", lambda: dist.all_gather_single(
+                                 out, one, group=self.group))):
                 dist.barrier()
+                self.sync()
                 start = time.perf_counter()
                 call()
+                self.sync()
                 times[op].append(time.perf_counter() - start)
         return {op: statistics.median(v) for op, v in times.items()}
 

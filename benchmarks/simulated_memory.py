@@ -51,6 +51,7 @@ def measure(compressor: str, learners: int) -> dict[str, float]:
 
     import models
     from training.simulated import SimulatedWorkers
+    from training.tasks import FixedBatch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -66,7 +67,8 @@ def measure(compressor: str, learners: int) -> dict[str, float]:
     cfg = OmegaConf.merge({"seed": 0}, {"c": OmegaConf.load(ROOT / "conf" / "compressor"
                                                             / f"{compressor}.yaml")})
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)["c"])
-    workers = SimulatedWorkers(model, cfg, [None] * learners, list(range(learners)),
+    tasks = [FixedBatch(x[:1], y[:1])] * learners  # settles the buckets (training.buckets)
+    workers = SimulatedWorkers(model, cfg, tasks, list(range(learners)),
                                bucket_cap_mb=25)
     for _ in range(STEPS):
         optimizer.zero_grad(set_to_none=True)

@@ -102,6 +102,8 @@ class AdaComp(Compressor):
 
     level_field = "bin_size"
     accordion_levels = (50, 500)  # ours: the paper's conv bin vs its FC bin (no paper tried it)
+    paper = "Chen et al., AAAI 2018"
+    wire = "all-gather: fp32 scale + 2 bits (sent, sign) per element"
 
     def __init__(self, conv_bin_size: int = 50, fc_bin_size: int = 500,
                  soft_threshold: bool = True) -> None:
@@ -138,11 +140,11 @@ class AdaComp(Compressor):
         return sent
 
     def _compress(self, layers: list[Layer], grads: list[torch.Tensor], message: torch.Tensor,
-                  offsets: list[int], sizes: list[int]) -> list[int]:
+                  offsets: list[int], sizes: list[int]) -> list[int | torch.Tensor]:
         """Update every layer's residue; write its s to the ``message``'s l-th float32 word,
         its sent bytes and sign bytes (``sizes[l]`` each, see
         :func:`~compression._adacomp_kernel.group_bytes`) from ``offsets[l]``; return how many
-        each layer sent.
+        each layer sent (on CUDA as 0-d tensors on the device, which the hook sums there).
 
         On contiguous float32 CPU tensors the C kernel does it in one pass per bin (:mod:`
         compression._adacomp_kernel`), leaving the sent elements' G_q owed until the next step
@@ -161,7 +163,8 @@ class AdaComp(Compressor):
                 message[at:at + size] = pack_groups(sent, grad.numel(), layer.level)
                 message[at + size:at + 2 * size] = pack_groups(negative, grad.numel(),
                                                                layer.level)
-                counts.append(int(sent.count_nonzero()))
+                count = sent.count_nonzero()        # on CUDA kept there: no sync per step
+                counts.append(count if count.is_cuda else int(count))
                 scales.append(scale)
             message[:4 * len(layers)].view(torch.float32).copy_(torch.stack(scales))
             return counts
@@ -196,13 +199,13 @@ class AdaComp(Compressor):
                 g_q = torch.where(negative, -value[w], value[w]).to(out.dtype)
                 out.add_(torch.where(sent, g_q, 0.0))
 
-    def layer_stats(self, layer: Layer) -> dict[str, float]:
+    def layer_stats(self, layer: Layer) -> dict[str, torch.Tensor]:
         """The residue's range (the paper's Figs. 4-6: bounded under the soft threshold, growing
-        under hard LS)."""
+        under hard LS), as 0-d tensors: the hook reads every layer's at once."""
         residue = self.error(layer)
         if residue is None:
             return {}
-        return {"residue_min": float(residue.min()), "residue_max": float(residue.max())}
+        return {"residue_min": residue.min(), "residue_max": residue.max()}
 
     def settle(self, layer: Layer) -> None:
         """Take the owed G_q off the residue (residue = G - sign(G) s where last sent): the
@@ -210,12 +213,20 @@ class AdaComp(Compressor):
         owed = layer.memory.pop("owed", None)
         bin_size = layer.memory.pop("owed_bin_size", None)
         scale = layer.memory.pop("scale", None)
-        if owed is not None:
-            residue = layer.memory["residue"]
-            lib = _kernel.kernel()
-            assert lib is not None, "an owed bitmap exists only where the kernel runs"
-            _kernel.settle(lib, residue, math.prod(layer.shape), int(bin_size), owed,
-                           scale.item())
+        if owed is None:
+            return
+        residue, n = layer.memory["residue"], math.prod(layer.shape)
+        lib = (_kernel.kernel() if usable(torch.float32, residue) and usable(torch.uint8, owed)
+               else None)
+        if lib is not None:
+            _kernel.settle(lib, residue, n, int(bin_size), owed, scale.item())
+            return
+        # Where the kernel cannot take them (a CPU-written state loaded on CUDA, or no C
+        # compiler here): the kernel's own float operation, residue - (sign(G) s or +0), in
+        # torch ops; never a CUDA pointer handed to C.
+        mask = unpack_groups(owed, n, int(bin_size)).to(residue.device)
+        g = residue[:n]
+        g.sub_(torch.where(mask, torch.copysign(scale.to(g), g), 0.0))
 
     def _owed(self, layer: Layer) -> torch.Tensor:
         """The layer's owed bits for its bin size (zeros, and s = 0, at first)."""
@@ -242,10 +253,10 @@ class AdaComp(Compressor):
             torch.add(g[:n], grad, out=h[:n])       # H = G + dW (padding: H = G = 0)
             threshold = g_max.masked_fill(g_max == 0, math.inf)  # a bin of zeros sends none
             sent = torch.ge(h.abs_().view(bins, bin_size), threshold[:, None]).view(-1)
-        else:                                       # hard Local Selection
-            sent = torch.zeros_like(g, dtype=torch.bool)
-            first = torch.arange(bins, device=g.device) * bin_size + abs_g.argmax(dim=1)
-            sent[first[g_max > 0]] = True
+        else:                                       # hard Local Selection: each bin's first
+            sent = torch.zeros_like(g, dtype=torch.bool)  # argmax |G|, where g_max > 0
+            sent.view(bins, bin_size).scatter_(1, abs_g.argmax(dim=1, keepdim=True),
+                                               (g_max > 0)[:, None])
         sent &= g != 0                              # G = 0 quantizes to 0: nothing to send
         negative = sent & (g < 0)
         g_q = torch.where(negative, -scale, scale)  # G_q = sign(G) s

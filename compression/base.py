@@ -47,12 +47,14 @@ class Sent(NamedTuple):
     ``bits`` is the paper's accounting of the payload; ``wire_bits`` what our own message
     format puts on the wire (they differ for AdaComp, whose paper encoding we do not implement);
     ``elements``: how many of the layer's elements a sparsifier chose to send (None where the
-    message is not a choice of elements).
+    message is not a choice of elements). A count that depends on the data may be a 0-d integer
+    tensor on the device (AdaComp on CUDA), so that the step never waits to read it: the hook
+    sums such counts on the device and reads them once per epoch.
     """
 
-    bits: int
-    wire_bits: int
-    elements: int | None = None
+    bits: int | torch.Tensor
+    wire_bits: int | torch.Tensor
+    elements: int | torch.Tensor | None = None
 
 
 class Compressor:
@@ -68,6 +70,8 @@ class Compressor:
     compresses: ClassVar[bool] = True
     level_field: ClassVar[str] = "level"  # the config key that sets every layer's default level
     accordion_levels: ClassVar[tuple[Any, Any] | None] = None  # Accordion's default (low, high)
+    paper: ClassVar[str] = ""  # where the algorithm is from (the Compressors table)
+    wire: ClassVar[str] = ""   # our message format: collective and contents (the same table)
     memory: ErrorFeedback = ErrorFeedback(enabled=False)  # error feedback (none by default)
 
     def default_level(self, shape: torch.Size) -> Any:
@@ -94,9 +98,10 @@ class Compressor:
         """Bring ``layer.memory`` to its plain form (a compressor may defer part of a step's
         update to the next step); called before the memory is saved or read from outside."""
 
-    def layer_stats(self, layer: Layer) -> dict[str, float]:
+    def layer_stats(self, layer: Layer) -> dict[str, float | torch.Tensor]:
         """Per-layer metrics of the compressor's state, logged at each epoch's end as
-        ``<key>/<layer>`` (e.g. AdaComp's residue range); cheap: once per epoch."""
+        ``<key>/<layer>`` (e.g. AdaComp's residue range); cheap: once per epoch. A value may be
+        a 0-d tensor on the layer's device: the hook reads all of them at once."""
         return {}
 
     def error(self, layer: Layer) -> torch.Tensor | None:

@@ -16,7 +16,9 @@ the simulation run the same compressor code.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Generator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -46,6 +48,7 @@ class Comm(Protocol):
     """The two collectives compressors use. Every worker must call them in the same order."""
 
     world_size: int
+    rank: int  # this worker's index in 0 .. world_size - 1 (its stream of random numbers)
     # True where every worker's all-gather result is one tensor (simulated workers in one
     # process): a caller then passes no output buffer of its own and only reads the result.
     shares_gather: bool
@@ -68,6 +71,7 @@ class GroupComm:
     def __init__(self, group: ProcessGroup | None = None) -> None:
         self.group = group
         self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
 
     def all_reduce(self, tensor: torch.Tensor) -> Pending:
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
@@ -168,60 +172,149 @@ def all_gather_varlen(comm: Comm, message: torch.Tensor) -> Steps[list[torch.Ten
 
 
 class Timer:
-    """Seconds spent inside a compressor's steps (compute only; waiting on the wire excluded)."""
+    """Seconds spent inside a compressor's steps (compute only; waiting on the wire excluded),
+    on the host's clock: on the CPU the work is done when its call returns."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self._seconds = 0.0
+
+    def begin(self) -> Any:
+        """Mark the start of a stretch of compressor work; pass the mark to :meth:`end`."""
+        return time.perf_counter()
+
+    def end(self, mark: Any) -> None:
+        """The stretch begun at ``mark`` is over: add its time."""
+        self._seconds += time.perf_counter() - mark
+
+    @property
+    def seconds(self) -> float:
+        """The time added so far."""
+        return self._seconds
+
+    @seconds.setter
+    def seconds(self, value: float) -> None:
+        self._seconds = value
 
 
-def drive(steps: Steps[T], timer: Timer | None = None) -> Future[T]:
+class CudaTimer(Timer):
+    """The same on CUDA, timed on the GPU: a kernel launch returns before the kernel has run, so
+    the host's clock would time the launches. Each stretch is a pair of CUDA events recorded on
+    the current stream (the stream the work is queued on); a pair is read when its events have
+    completed, checked with ``Event.query`` (no wait) as later stretches end, and at the latest
+    when :attr:`seconds` is read (which waits for the last one). The time between the events
+    excludes the wait for a collective queued before the first event (``Future.wait`` on CUDA
+    only orders the stream after it: torch/futures/__init__.py, ``Future.wait``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._open: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self._spare: list[torch.cuda.Event] = []
+
+    def begin(self) -> torch.cuda.Event:
+        event = self._event()
+        event.record()  # on the current stream (torch/cuda/streams.py, Event.record)
+        return event
+
+    def end(self, mark: torch.cuda.Event) -> None:
+        event = self._event()
+        event.record()
+        self._open.append((mark, event))
+        self._collect(wait=False)
+
+    @property
+    def seconds(self) -> float:
+        """The time of every stretch so far (waits for the last ones to complete)."""
+        self._collect(wait=True)
+        return self._seconds
+
+    @seconds.setter
+    def seconds(self, value: float) -> None:
+        self._open.clear()
+        self._seconds = value
+
+    def _event(self) -> torch.cuda.Event:
+        return self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)
+
+    def _collect(self, wait: bool) -> None:
+        """Add the stretches whose events have completed, in order (``wait``: all of them)."""
+        while self._open and (wait or self._open[0][1].query()):
+            start, stop = self._open.popleft()
+            if wait:
+                stop.synchronize()
+            self._seconds += start.elapsed_time(stop) / 1000  # elapsed_time is in ms
+            self._spare += (start, stop)
+
+
+def timer_for(device: torch.device) -> Timer:
+    """The timer for compressor work on ``device``: GPU time on CUDA, host time elsewhere."""
+    return CudaTimer() if device.type == "cuda" else Timer()
+
+
+def drive(steps: Steps[T], timer: Timer | None = None,
+          stream: torch.cuda.Stream | None = None) -> Future[T]:
     """Run ``steps`` until it returns; the future completes with its return value.
 
     Each yielded collective resumes the generator when it completes (inline if it already has),
     so nothing here blocks. An exception in a step or a failed collective fails the returned
     future.
+
+    ``stream`` (CUDA): every step is queued on it, after the collective it waited for, and the
+    returned future carries the stream's work, so that whoever waits on it (DDP, at the end of
+    backward) orders its own stream after it; see :meth:`compression.hook.HookState.aggregate`.
+    Without a stream the steps run on the current stream (the CPU: no streams at all).
     """
-    done: Future[T] = Future()
+    # A future holding CUDA tensors must name their devices to record an event on the current
+    # stream when completed and make a waiter's stream wait for it; without devices it does
+    # neither (torch/futures/__init__.py, Future.__init__; ATen/core/ivalue_inl.h,
+    # Future::markCompleted and Future::wait).
+    done: Future[T] = Future() if stream is None else Future(devices=[stream.device])
 
     def advance(ready: Pending | None) -> None:
-        while True:
-            try:
-                value = None if ready is None else _result(ready)
-            except BaseException as exc:  # noqa: BLE001 (a failed collective: fail `done`)
-                steps.close()
-                done.set_exception(exc)
-                return
-            start = time.perf_counter()
-            try:
-                ready = steps.send(value)
-            except StopIteration as stop:
-                _finish(done, timer, start, result=stop.value)
-                return
-            except BaseException as exc:  # noqa: BLE001 (handed to whoever waits on `done`)
-                _finish(done, timer, start, error=exc)
-                return
-            if timer is not None:
-                timer.seconds += time.perf_counter() - start
-            if not ready.future.done():
-                ready.future.add_done_callback(lambda _, pending=ready: advance(pending))
-                return
+        with _on(stream):
+            while True:
+                try:
+                    value = None if ready is None else _result(ready)
+                except BaseException as exc:  # noqa: BLE001 (a failed collective: fail `done`)
+                    steps.close()
+                    done.set_exception(exc)
+                    return
+                mark = timer.begin() if timer is not None else None
+                try:
+                    ready = steps.send(value)
+                except StopIteration as stop:
+                    _finish(done, timer, mark, result=stop.value)
+                    return
+                except BaseException as exc:  # noqa: BLE001 (handed to whoever waits on `done`)
+                    _finish(done, timer, mark, error=exc)
+                    return
+                if timer is not None:
+                    timer.end(mark)
+                if not ready.future.done():
+                    ready.future.add_done_callback(lambda _, pending=ready: advance(pending))
+                    return
 
     advance(None)
     return done
 
 
+def _on(stream: torch.cuda.Stream | None) -> AbstractContextManager[Any]:
+    """Queue CUDA work on ``stream`` inside the block (None: leave the current stream)."""
+    return nullcontext() if stream is None else torch.cuda.stream(stream)
+
+
 def _result(ready: Pending) -> Any:
-    """A completed collective's result (``wait`` raises its error; on CUDA it also orders the
-    current stream after the collective's)."""
+    """A completed collective's result. ``wait`` raises its error; on CUDA it does not block but
+    makes the current stream wait for the collective (torch/futures/__init__.py, Future.wait):
+    the step that reads the result is queued after it on that stream."""
     ready.future.wait()
     return ready.result
 
 
-def _finish(done: Future, timer: Timer | None, start: float, result: Any = None,
+def _finish(done: Future, timer: Timer | None, mark: Any, result: Any = None,
             error: BaseException | None = None) -> None:
     # Stop the clock first: completing `done` may run the next bucket's steps inline.
     if timer is not None:
-        timer.seconds += time.perf_counter() - start
+        timer.end(mark)
     if error is not None:
         done.set_exception(error)
     else:

@@ -33,6 +33,8 @@ class EFSignSGD(GatherCompressor):
 
     level_field = "block_size"
     accordion_levels = (16, 4096)  # ours: 3 bits per element vs about 1
+    paper = "Karimireddy et al., ICML 2019"
+    wire = "all-gather: fp32 scale per block + 1 sign bit per element"
 
     def __init__(self, block_size: int | None = None, error_feedback: bool = True) -> None:
         super().__init__()

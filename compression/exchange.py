@@ -26,6 +26,16 @@ from compression.base import Compressor, Layer, Scratch, Sent
 from compression.comm import Comm, Steps
 
 LANE_BITS = [1 << lane for lane in range(8)]
+_LANES: dict[torch.device, torch.Tensor] = {}  # LANE_BITS as a uint8 tensor, per device
+
+
+def lanes(device: torch.device) -> torch.Tensor:
+    """LANE_BITS on ``device``, made once: building it from the Python list is a copy from
+    host memory, which on CUDA waits for the device every time it is made."""
+    table = _LANES.get(device)
+    if table is None:
+        table = _LANES[device] = torch.tensor(LANE_BITS, dtype=torch.uint8, device=device)
+    return table
 
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -33,14 +43,12 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     i // 8 (the last byte zero-padded)."""
     padded = mask.new_zeros(-(-mask.numel() // 8) * 8)
     padded[:mask.numel()] = mask
-    lanes = torch.tensor(LANE_BITS, dtype=torch.uint8, device=mask.device)
-    return (padded.view(-1, 8) * lanes).sum(1, dtype=torch.uint8)
+    return (padded.view(-1, 8) * lanes(mask.device)).sum(1, dtype=torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``n`` elements of the bool mask that :func:`pack_bits` packed."""
-    lanes = torch.tensor(LANE_BITS, dtype=torch.uint8, device=packed.device)
-    return ((packed[:, None] & lanes) != 0).view(-1)[:n]
+    return ((packed[:, None] & lanes(packed.device)) != 0).view(-1)[:n]
 
 
 def layout(sizes: list[int], header: int = 0, align: int = 1) -> tuple[list[int], int]:

@@ -15,3 +15,4 @@ class NoCompression(Compressor):
     """Sends every gradient element as fp32."""
 
     compresses = False
+    wire = "all-reduce in fp32 (the bucket whole)"

@@ -80,6 +80,8 @@ class PowerSGD(Compressor):
 
     level_field = "rank"
     accordion_levels = (2, 1)  # Accordion's pair (its SENet and VGG-19bn runs use 4 / 1)
+    paper = "Vogels et al., NeurIPS 2019"
+    wire = "two all-reduces: fp32 P (n x r), then fp32 Q (m x r)"
 
     def __init__(self, rank: int = 2, seed: int = 0, error_feedback: bool = True,
                  restart_on_rank_change: bool = False) -> None:

@@ -92,6 +92,30 @@ def kept_indices(key: torch.Tensor, k: int, scratch: Scratch | None = None) -> t
     return keep.nonzero().squeeze(1)
 
 
+def kept_indices_on_device(key: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`kept_indices` without reading anything back to the host (for CUDA, where
+    ``nonzero`` waits for the device: its output's size depends on the data; torch.nonzero's
+    docs). Every size here is known beforehand: S has k entries.
+
+    T = the k-th largest key (the (n - k + 1)-th smallest when that is the shorter ``topk``);
+    S = the keys above T and the first ``k - #(above T)`` keys equal to T (a running count of
+    the ties, compared on the device); S's entries are then written to their ranks in S (a
+    running count of S), ascending. Positions not in S go to one spare slot past the end,
+    written by many and dropped (the only collisions of the ``scatter_``).
+    """
+    n = key.numel()
+    if 2 * k <= n:
+        threshold = torch.topk(key, k, sorted=False).values.min()
+    else:
+        threshold = torch.topk(key, n - k + 1, largest=False, sorted=False).values.max()
+    above = key > threshold
+    tied = key == threshold
+    keep = above | (tied & (tied.cumsum(0) <= k - above.sum()))  # the first ties that fit
+    rank = torch.where(keep, keep.cumsum(0) - 1, k)               # position in S, or spare
+    index = torch.empty(k + 1, dtype=torch.int64, device=key.device)
+    return index.scatter_(0, rank, torch.arange(n, device=key.device))[:k]
+
+
 @register("topk")
 class TopK(GatherCompressor):
     """Keep the ``ratio`` largest-magnitude entries of each layer's error-corrected gradient.
@@ -104,6 +128,8 @@ class TopK(GatherCompressor):
     level_field = "ratio"
     accordion_levels = (0.99, 0.10)  # Accordion's CIFAR-10 pair (CIFAR-100: 0.25, LSTM: 0.02)
     message_dtype = torch.int32      # fp32 values (as their bits) and int32 indices
+    paper = "Aji & Heafield, EMNLP 2017"
+    wire = "all-gather: k fp32 values + k int32 indices"
 
     def __init__(self, ratio: float = 0.1, error_feedback: bool = True,
                  reduce: str = "mean") -> None:
@@ -146,7 +172,8 @@ class TopK(GatherCompressor):
         acc = error.add_(grad)                          # acc = g + e
         key = torch.bitwise_and(acc.view(torch.int32), 0x7FFFFFFF,  # |acc| as ordered bits
                                 out=self._scratch.take("key", acc.numel(), acc, torch.int32))
-        index = kept_indices(key, k, self._scratch)     # S = the k largest |acc|
+        index = (kept_indices_on_device(key, k) if key.is_cuda  # S = the k largest |acc|
+                 else kept_indices(key, k, self._scratch))
         torch.index_select(acc, 0, index, out=message[:k].view(acc.dtype))
         message[k:].copy_(index)                        # message: values, then indices
         acc.index_fill_(0, index, 0)                    # e = acc - sparse_own
@@ -154,16 +181,23 @@ class TopK(GatherCompressor):
 
     def decompress(self, layer: Layer, parts: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` = (1/W) sum_w sparse_w (``reduce=sum``: sum_w sparse_w) from every worker's
-        message (rows of ``parts``)."""
+        message (rows of ``parts``).
+
+        A worker's indices are distinct, so each ``index_add_`` adds at most one value to an
+        element and every element sums its workers' values in worker order, on any device: on
+        CUDA, where ``index_add_`` adds atomically in no fixed order (torch.
+        use_deterministic_algorithms' docs), one call over all workers' messages would let
+        ranks round the same sum differently. On the CPU the single call added in that same
+        order, so this is bit for bit what it gave (tested)."""
         world, k = parts.shape[0], parts.shape[1] // 2
         alpha = 1 / world if self.reduce == "mean" else 1.0
         lib = _kernel.kernel() if usable(torch.float32, out) else None
         if lib is not None:
             _kernel.decompress(lib, out, parts, k, alpha)
             return
-        values = parts[:, :k].reshape(-1).view(out.dtype)
-        index = parts[:, k:].reshape(-1)
-        out.zero_().index_add_(0, index, values, alpha=alpha)  # (1/W) sum_w sparse_w
+        out.zero_()
+        for part in parts:  # (1/W) sum_w sparse_w: one index_add_ per worker, in worker order
+            out.index_add_(0, part[k:], part[:k].view(out.dtype), alpha=alpha)
 
 
 def kept(numel: int, ratio: float) -> int:

@@ -75,13 +75,44 @@ def detect() -> DistEnv:
 
 
 def device_for(env: DistEnv, requested: str) -> torch.device:
-    """``trainer.device``: "auto" takes this rank's GPU when CUDA is present, else the CPU."""
+    """``trainer.device``: "auto" takes this rank's GPU when CUDA is present, else the CPU.
+
+    This rank's GPU is :func:`cuda_index` of those this process sees; a rank without one of
+    its own is a ConfigError (one line), raised before any process group starts."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":
-        torch.cuda.set_device(env.local_rank)
-        return torch.device("cuda", env.local_rank)
+        index = cuda_index(env.local_rank, torch.cuda.device_count(), slurm_binds_gpus(env))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device(requested)
+
+
+def slurm_binds_gpus(env: DistEnv) -> bool:
+    """Whether Slurm started this task (srun, or submitit's Slurm executor), and so may have
+    bound GPUs to it alone (``--gpus-per-task``, ``--gpu-bind``): then each task sees only its
+    own. torchrun and submitit's local executor show every rank the same devices."""
+    return env.launcher == "slurm" or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+
+
+def cuda_index(local_rank: int, visible: int, slurm_binds: bool) -> int:
+    """The index, among the ``visible`` CUDA devices this process sees, of the one the rank of
+    local rank ``local_rank`` trains on.
+
+    Ranks that see every GPU of their node take the ``local_rank``-th. A Slurm task that sees
+    exactly one has been bound to it (Slurm sets ``CUDA_VISIBLE_DEVICES`` per task): index 0,
+    whatever its local rank. Any other rank has no GPU of its own: a ConfigError that says so.
+    """
+    if slurm_binds and visible == 1:
+        return 0
+    if local_rank < visible:
+        return local_rank
+    bind = ", or have Slurm bind one GPU to each task (--gpus-per-task=1)" if slurm_binds else ""
+    raise ConfigError(f"trainer.device: local rank {local_rank} has no GPU of its own: this "
+                      f"process sees {visible} CUDA device{'' if visible == 1 else 's'} "
+                      f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                      f"start at most {visible} rank{'' if visible == 1 else 's'} per node"
+                      f"{bind}, or set trainer.device=cpu")
 
 
 def init(env: DistEnv, device: torch.device, timeout_s: float) -> None:

@@ -1,7 +1,10 @@
 """The run record rank 0 leaves in the Hydra output directory.
 
 - ``metrics.jsonl``: one JSON object per epoch, flushed and fsync'ed as soon as it is written;
-- ``summary.json``: status, final and best test metric, totals (rewritten atomically);
+- ``summary.json``: status, final and best test metric, totals, and the provenance of the run's
+  last start and of all its starts (rewritten atomically);
+- ``starts.jsonl``: one JSON object per start of the run (fresh, then each resumption): which
+  machine and code ran it from which epoch (:mod:`core.provenance`);
 - ``checkpoint.pt``: everything a resumed run needs, written atomically (temp file + rename).
 """
 
@@ -12,6 +15,8 @@ import io
 import json
 import math
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ from core.errors import ConfigError
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
+STARTS = "starts.jsonl"
 
 
 class RecordError(OSError):
@@ -64,9 +70,20 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write_bytes(path, lambda f: f.write(buffer.getbuffer()))
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU."""
-    return torch.load(path, map_location="cpu", weights_only=False)
+def load_checkpoint(path: Path, mmap: bool = False) -> Any:
+    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU (``mmap``: tensors
+    mapped, not read), as data only: ``torch.load(weights_only=True)`` unpickles tensors and
+    plain containers and nothing that would run code. A file that holds anything else is
+    refused with a ConfigError (one line, naming the file and what it held) before any of it
+    runs."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        what = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        held = f"a pickled {what.group(1)}" if what else "pickled objects"
+        raise ConfigError(f"resume: {path} holds {held}, which could run code when loaded; "
+                          f"a checkpoint of this suite holds only tensors and plain containers, "
+                          f"so it was refused unread") from exc
 
 
 class MetricsLog:
@@ -160,6 +177,24 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """Write ``summary.json`` atomically."""
+    """Write ``summary.json`` atomically, with the provenance of the run's starts
+    (``starts.jsonl``): the last as ``provenance``, all as ``starts``."""
+    starts = read_starts(run_dir)
+    if starts:
+        summary = {**summary, "provenance": starts[-1], "starts": starts}
     text = json.dumps(summary, indent=2) + "\n"
     atomic_write_bytes(run_dir / SUMMARY, lambda f: f.write(text.encode()))
+
+
+def record_start(run_dir: Path, provenance: dict[str, Any], epoch: int, fresh: bool) -> None:
+    """Add this start (``provenance`` from :func:`core.provenance.collect`, continuing from
+    ``epoch``) to ``starts.jsonl``; a ``fresh`` run starts the file over."""
+    starts = [] if fresh else read_starts(run_dir)
+    starts.append({**provenance, "epoch": epoch})
+    text = "".join(json.dumps(s) + "\n" for s in starts)
+    atomic_write_bytes(run_dir / STARTS, lambda f: f.write(text.encode()))
+
+
+def read_starts(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's starts (empty for a record written before provenance was kept)."""
+    return read_metrics(run_dir / STARTS)

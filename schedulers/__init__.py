@@ -15,7 +15,8 @@ from core.errors import ConfigError
 from schedulers.base import Scheduler
 
 _REGISTRY: dict[str, type[Scheduler]] = {}
-_MODULES = ("static", "accordion", "accordion_batch", "accordion_joint", "plan")
+_MODULES = ("static", "accordion", "accordion_batch", "accordion_joint", "plan", "accordion_auto",
+            "accordion_batch_auto")
 
 
 def register(name: str) -> Callable[[type[Scheduler]], type[Scheduler]]:

@@ -16,6 +16,7 @@ therefore the LR of ``batch_low``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from compression.base import Compressor
@@ -36,6 +37,15 @@ def lr_factor(batch: int, base_batch: int, lr_scaling: str) -> float:
     if lr_scaling == "linear":
         return factor
     return math.sqrt(factor) if lr_scaling == "sqrt" else 1.0
+
+
+def check_divisible(batches: Iterable[tuple[str, int]], world_size: int) -> None:
+    """ConfigError naming ``scheduler.<field>`` unless every (field, global batch) splits
+    evenly over the ranks."""
+    for field, batch in batches:
+        if batch % world_size:
+            raise ConfigError(f"scheduler.{field}: the global batch {batch} must be divisible by "
+                              f"the world size {world_size}")
 
 
 def model_norm(grad_norms: dict[str, float]) -> float:
@@ -59,10 +69,8 @@ class AccordionBatch(Scheduler):
 
     def validate(self, compressor: Compressor, batch_size: int, world_size: int) -> None:
         """ConfigError unless both batches split evenly over the ranks."""
-        for field, batch in (("batch_low", self.batch_low), ("batch_high", self.batch_high)):
-            if batch % world_size:
-                raise ConfigError(f"scheduler.{field}: the global batch {batch} must be divisible "
-                                  f"by the world size {world_size}")
+        check_divisible([("batch_low", self.batch_low), ("batch_high", self.batch_high)],
+                        world_size)
 
     def critical(self, epoch: int) -> bool:
         """Whether ``epoch`` is critical for the whole model."""

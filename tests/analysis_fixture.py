@@ -2,7 +2,7 @@
 
 One `python run.py -m` sweep over a config group written here (the suite's `ddp` launcher: one
 `run.py` process per run, as `make reproduce-*` runs them); each option is one run, with the run
-identity of CONTRACT.md:
+identity of docs/run-record.md:
 
 - ``table1``: PowerSGD rank 2 (the baseline), rank 1 and Accordion 2 <-> 1 (interval 1: epochs
   0-1 critical, epoch 2 decided by the norms), seeds 0 and 1; seed 0 with an offline W&B run;
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from core import record
 from tests.conftest import assert_ok, run_cli
 
 GROUP = "analysis_fixture"
@@ -87,6 +88,48 @@ def train_fixture_runs(root: Path) -> Path:
     return runs
 
 
+# ---- run records written by hand (fast tests of what real runs rarely show) -----------------
+MACHINE_A = {"fingerprint": "a1b2c3d4e5f6", "machine": "Intel Xeon (AVX512) x2, cpu"}
+MACHINE_B = {"fingerprint": "0f1e2d3c4b5a", "machine": "AMD EPYC (AVX2) x2, cpu"}
+COMMIT_1, COMMIT_2 = "1" * 40, "2" * 40
+
+
+def provenance(machine: dict[str, str], commit: str | None = COMMIT_1, dirty: bool = False,
+               numerics: str = "portable") -> dict:
+    """A ``summary.json`` ``provenance`` dict as docs/run-record.md specifies it (the keys
+    core/provenance.py writes; a few of the versions and CPU fields)."""
+    return {**machine, "git": {"commit": commit, "dirty": dirty,
+                               "diff_sha256": "d1ff" * 16 if dirty else None},
+            "versions": {"python": "3.11.9", "torch": "2.14.1"},
+            "cpu": {"isa": "AVX2", "flags": ["avx", "avx2"], "logical_cpus": 2},
+            "numerics": {"mode": numerics, "intra_op_threads": 1}, "cuda": None,
+            "world_size": 2, "launcher": "torchrun", "hostname": "node1"}
+
+
+def epoch_row(epoch: int, accuracy: float, bits: float = 1e6, loss: float = 1.0) -> dict:
+    """One ``metrics.jsonl`` row with the keys the tables read."""
+    return {"epoch": epoch, "train/loss": loss, "test/accuracy": accuracy, "comm/bits": bits,
+            "comm/bits_dense": 1e8, "time/epoch_s": 1.0, "lr": 0.1, "batch_size": 32}
+
+
+def write_record(root: Path, name: str, run: dict, rows: list[dict], status: str = "completed",
+                 **summary: object) -> Path:
+    """A run directory as run.py leaves it: ``.hydra/config.yaml`` (``run``: ``sweep``,
+    ``method``, ``seed``, ..., and ``model``/``dataset``/``compressor`` names), ``metrics.jsonl``
+    and ``summary.json`` (``status``; ``summary`` adds keys, e.g. ``provenance``, ``starts``)."""
+    run_dir = root / name
+    (run_dir / ".hydra").mkdir(parents=True)
+    config = {"scale": "tiny", "variant": "ours", "seed": 0, "model": {"name": "resnet18"},
+              "dataset": {"name": "synthetic"}, "compressor": {"name": "powersgd"},
+              "scheduler": {"name": "static"}, **run}
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = {**record.summarize(rows, status, "test/accuracy", 1.0), "params_in_sync": True,
+               **summary}
+    (run_dir / "summary.json").write_text(json.dumps(written))
+    return run_dir
+
+
 # ---- reading the records by hand (the tests' independent view) -----------------------------
 def read_by_hand(runs: Path) -> list[dict]:
     """Every run below ``runs``: its dir, resolved-enough config keys and metrics rows, read with
@@ -101,7 +144,7 @@ def read_by_hand(runs: Path) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":  # python -m tests.analysis_fixture DIR: the same runs, for the README
+if __name__ == "__main__":  # python -m tests.analysis_fixture DIR: the same runs, to look at
     import sys
 
     print(train_fixture_runs(Path(sys.argv[1])))

@@ -80,7 +80,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skips["slurm"] = pytest.mark.skip(reason="runs with --slurm (make slurm-up test-slurm)")
     for item in items:
         for marker, skip in skips.items():
-            if item.get_closest_marker(marker) is not None:  # (keywords hold folder names too)
+            # The marker itself: `marker in item.keywords` also matches a folder of that name
+            # above the test (a checkout in .../gpu/ skipped the whole suite).
+            if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
 
 

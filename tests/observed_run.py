@@ -43,6 +43,8 @@ def _observed_model(*args: Any, **kwargs: Any) -> torch.nn.Module:
 
 
 def _add(name: str, grad: torch.Tensor) -> None:
+    if not RECORD["local"]:  # the backward that settles DDP's buckets, before any epoch
+        return
     epoch = RECORD["local"][-1]
     if name in epoch:
         epoch[name] += grad.detach()

@@ -39,7 +39,7 @@ def test_accordion_powersgd_switches_levels_and_bits(tmp_path):
                        "optimizer.schedule.decay_factors=[0.1]",
                        "trainer.epochs=6", f"hydra.run.dir={tmp_path}"], nproc=2))
     rows = read_rows(tmp_path)
-    model = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["model"]
+    model = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["model"]
     layers = sorted(k[len("level/"):] for k in rows[0] if k.startswith("level/"))
     assert layers and all(model[name].ndim > 1 for name in layers)
     expected_critical = [True] * 5 + [False]

@@ -42,8 +42,8 @@ def observed(tmp_path_factory) -> tuple:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OBSERVE_DIR": str(out)}
     assert_ok(subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=600))
-    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    model = torch.load(out / "run" / "checkpoint.pt", weights_only=False)["model"]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    model = torch.load(out / "run" / "checkpoint.pt", weights_only=True)["model"]
     return read_rows(out / "run"), ranks, model
 
 
@@ -70,10 +70,10 @@ def test_every_rank_decides_on_rank0s_norms(observed):
         for row, started in zip(rows, r["started"], strict=True):
             assert started == {k: row[k] for k in started}
             assert any(k.startswith("critical/") for k in started)
-    # meaningful only because rank 1's own statistic differs from rank 0's
+    # meaningful only because rank 1's own statistic differs from rank 0's (the comparisons
+    # above are exact, so any difference tells them apart; one layer's can be as close as 7e-4)
     own = [{n: float(t.norm()) for n, t in epoch.items()} for epoch in ranks[1]["local"]]
-    assert all(abs(own[e][n] - logged[e][n]) > 1e-3 * logged[e][n]
-               for e in range(EPOCHS) for n in compressed(rows))
+    assert all(own[e][n] != logged[e][n] for e in range(EPOCHS) for n in compressed(rows))
 
 
 def test_decisions_are_algorithm_1_on_the_recomputed_norms(observed):

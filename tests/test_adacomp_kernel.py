@@ -215,3 +215,40 @@ def test_adacomp_without_a_compiler_warns_once_and_runs_eager(
         got = compression.simulate("adacomp", steps, fc_bin_size=50)
     assert len(record) == 1
     assert_outputs(got, ref_adacomp(steps, 50)[0])
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_a_state_written_by_the_kernel_resumes_where_it_cannot_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settled: bool) -> None:
+    # Memories written where the kernel ran (a CPU run's checkpoint), saved and loaded as a
+    # checkpoint is, then continued where it cannot run (CUDA; here, the eager path the kernel
+    # leaves to): bit for bit the run that never stopped. settled=False: the memory as the
+    # kernel leaves it between steps, its G_q still owed, which settle() must pay in torch ops
+    # (on CUDA, handing the residue to the C kernel would pass it a device pointer).
+    require_kernel(adacomp_kernel.LIBRARY)
+    shape, bin_size, workers = (30, 17), 5, 2
+    steps = adacomp_grads(shape, workers, 6, bin_size)
+
+    def run() -> compression.Simulation:
+        return compression.Simulation("adacomp", workers, shape, conv_bin_size=bin_size,
+                                      fc_bin_size=bin_size)
+
+    whole = run()
+    want = [whole.step(grads) for grads in steps]
+    final = [whole.memory(w)["residue"] for w in range(workers)]
+    first = run()
+    for grads in steps[:3]:
+        first.step(grads)
+    memories = [first.memory(w) if settled else dict(first.layers[w].memory)
+                for w in range(workers)]
+    assert settled or all("owed" in memory for memory in memories)
+    torch.save(memories, tmp_path / "memories.pt")
+    eager_adacomp(monkeypatch)
+    resumed = run()
+    for layer, memory in zip(resumed.layers, torch.load(tmp_path / "memories.pt"), strict=True):
+        layer.memory = memory
+    got = [resumed.step(grads) for grads in steps[3:]]
+    for (out, bits), (out_w, bits_w) in zip(got, want[3:], strict=True):
+        assert torch.equal(bits_of(out), bits_of(out_w)) and bits == bits_w
+    for w in range(workers):
+        assert torch.equal(bits_of(resumed.memory(w)["residue"]), bits_of(final[w]))

@@ -1,11 +1,13 @@
-"""analysis/claims.py: the claims' numbers from run frames (sums over epochs, per-learner batch)."""
+"""The simulated-learner claims (analysis/claims_learners.py, claims_minibatch.py): their numbers
+from run frames (sums over epochs, per-learner batch)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis import claims
+from analysis import claims_learners as claims
+from analysis import claims_minibatch
 from analysis.load import IDENTITY, Frames
 
 
@@ -59,5 +61,5 @@ def test_tables_show_the_spread_over_seeds() -> None:
     assert table.loc[4, "momentum SGD: accuracy (%)"] == "56.00 ± 2.83"  # 54 and 58
     assert table.loc[4, "seeds"] == 2
     assert table[table["compressor"] == "adacomp"].loc[1, "momentum SGD: accuracy (%)"] == "51.00"
-    batch = claims.batch_table(data).set_index("learners")
+    batch = claims_minibatch.batch_table(data).set_index("learners")
     assert batch.loc[4, "accuracy (%)"] == "56.00 ± 2.83"

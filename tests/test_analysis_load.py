@@ -22,7 +22,8 @@ from analysis.wandb_runs import (
     to_run_data,
     wandb_files,
 )
-from tests.analysis_fixture import read_by_hand
+from core.record import flatten
+from tests.analysis_fixture import epoch_row, read_by_hand, write_record
 
 
 def _ids(runs: Path, records: list[dict]) -> dict[str, dict]:
@@ -142,8 +143,10 @@ def test_a_wandb_history_frame_converts_to_the_same_frames(analysis_runs):
     run_id = str(record["dir"].relative_to(analysis_runs))
     assert any("ratio/conv1.weight" not in r for r in record["rows"])
     resolved = OmegaConf.to_container(OmegaConf.load(record["dir"] / ".hydra/config.yaml"),
-                                      resolve=True)  # what run.py gives wandb.init
-    config = {"_wandb": {"runtime": 3}, **resolved}
+                                      resolve=True)
+    start = {k: v for k, v in record["summary"]["provenance"].items() if k != "epoch"}
+    config = {"_wandb": {"runtime": 3},  # what run.py gives wandb.init
+              **flatten({**resolved, "provenance": start})}
     run = WandbRun("abc123", "team/project/abc123", config, _history_frame(record["rows"]),
                    "finished", 7.0)
     converted = frames([to_run_data(run)])
@@ -179,3 +182,56 @@ def test_wandb_file_reader_checks_its_input(analysis_runs, tmp_path):
     (tmp_path / "header.wandb").write_bytes(b"not a wandb file")
     with pytest.raises(ValueError, match="header"):
         list(read_wandb_file(tmp_path / "header.wandb"))
+
+
+# ---- diverged and incomplete runs, local and W&B alike (hand-written records) ---------------
+T1 = {"sweep": "table1", "baseline": "rank2"}
+
+
+def _diverged_tree(root: Path) -> list[dict]:
+    """rank2 seeds 0, 1 completed; seed 2 diverged in its last epoch (train/loss NaN); the rows
+    of the diverged run."""
+    for seed in (0, 1):
+        write_record(root, f"ok{seed}", {**T1, "method": "rank2", "seed": seed},
+                     [epoch_row(e, 50.0 + 10 * e + seed) for e in range(3)])
+    rows = [epoch_row(0, 40.0), epoch_row(1, 30.0, loss=math.nan)]
+    write_record(root, "div", {**T1, "method": "rank2", "seed": 2}, rows, "diverged",
+                 reason="train/loss is nan in epoch 1")
+    return rows
+
+
+def test_a_diverged_run_is_never_averaged_as_completed_locally_or_from_wandb(tmp_path):
+    rows = _diverged_tree(tmp_path)
+    local = load_records(tmp_path)
+    assert set(local.runs["run_id"]) == {"ok0", "ok1"}
+    assert dict(zip(local.problems["run_id"], local.problems["reason"], strict=True)) == \
+        {"div": "status diverged"}
+    row = tables.group_table(tables.run_stats(local), local.problems).iloc[0]
+    assert (row["seeds"], row["skipped"], row["seed_list"]) == (2, 1, "0 1")
+    assert row["final_mean"] == pytest.approx(70.5)  # 70 and 71: the diverged 30 not in it
+    # W&B (the run's history and a failed state) gives the same problem and the same table
+    config = OmegaConf.to_container(OmegaConf.load(tmp_path / "div/.hydra/config.yaml"))
+    wandb = frames([to_run_data(WandbRun("div", "p", config, _history_frame(rows), "failed"))])
+    assert wandb.problems["reason"].tolist() == ["status diverged"] and wandb.runs.empty
+    # --include-incomplete keeps it in both, marked, and the table says so
+    for kept in (load_records(tmp_path, include_incomplete=True),
+                 frames([to_run_data(WandbRun("div", "p", config, _history_frame(rows),
+                                              "failed"))], include_incomplete=True)):
+        div = kept.runs.set_index("run_id").loc["div"]
+        assert (div["status"], div["problem"], div["final"]) == ("diverged", "status diverged",
+                                                                  30.0)
+    kept = load_records(tmp_path, include_incomplete=True)
+    table = tables.group_table(tables.run_stats(kept), kept.problems)
+    assert (table.iloc[0]["seeds"], table.iloc[0]["incomplete"], table.iloc[0]["skipped"]) == \
+        (3, 1, 0)
+    assert tables.display(table).iloc[0]["seeds"] == "3 (1 incomplete)"
+
+
+def test_seeds_count_only_runs_with_a_final_metric(tmp_path):
+    _diverged_tree(tmp_path)
+    killed = write_record(tmp_path, "killed", {**T1, "method": "rank2", "seed": 3}, [])
+    (killed / "summary.json").unlink()  # killed in its first epoch: no row, no summary
+    kept = load_records(tmp_path, include_incomplete=True)
+    assert "killed" in set(kept.runs["run_id"])  # kept (its config reads), with no final
+    row = tables.group_table(tables.run_stats(kept), kept.problems).iloc[0]
+    assert (row["seeds"], row["seed_list"], row["incomplete"]) == (3, "0 1 2", 1)

@@ -19,6 +19,7 @@ from torch import nn
 
 import compression
 import schedulers
+from core import rng
 from core.errors import ConfigError
 from training import checkpoint
 from training.simulated import AllWorkers, WorkerRNG
@@ -61,7 +62,7 @@ def test_a_checkpoint_holds_every_part(group, tmp_path):
     cfg = OmegaConf.create({"seed": 7, "name": "${seed}-x"})
     model, optimizer, hook_state, scheduler = trained_parts()
     checkpoint.save(tmp_path / "c.pt", cfg, 3, 12.5, model, optimizer, hook_state, scheduler)
-    ckpt = torch.load(tmp_path / "c.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "c.pt", weights_only=True)
     assert ckpt["epoch"] == 3 and ckpt["elapsed_s"] == 12.5 and ckpt["world_size"] == 1
     assert ckpt["sampler"] == {"epoch": 3, "seed": 7, "step": 0}  # an epoch-end checkpoint
     assert ckpt["config"] == {"seed": 7, "name": "7-x"}  # resolved
@@ -105,7 +106,7 @@ def test_a_mid_epoch_checkpoint_holds_its_step_and_this_ranks_progress(group, tm
     progress = {"step": 5, "loss_sum": torch.tensor(2.5)}
     checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 4}), 2, 3.0, model, optimizer,
                     hook_state, scheduler, progress)
-    ckpt = torch.load(tmp_path / "c.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "c.pt", weights_only=True)
     assert (ckpt["format"], ckpt["epoch"], ckpt["step"]) == (checkpoint.FORMAT, 2, 5) == (2, 2, 5)
     assert ckpt["sampler"] == {"epoch": 2, "seed": 4, "step": 5}
     assert ckpt["per_rank"][0]["progress"]["step"] == 5
@@ -114,7 +115,7 @@ def test_a_mid_epoch_checkpoint_holds_its_step_and_this_ranks_progress(group, tm
     assert torch.equal(restored["loss_sum"], torch.tensor(2.5))
     checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 4}), 3, 3.0, model, optimizer,
                     hook_state, scheduler)  # at the epoch's end: step 0, no progress
-    assert torch.load(tmp_path / "c.pt", weights_only=False)["step"] == 0
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["step"] == 0
 
 
 def simulated(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, AllWorkers, Any]:
@@ -131,7 +132,7 @@ def test_simulated_learners_checkpoint_every_workers_state(group, tmp_path):
         state.layers["2.weight"].memory["error"] = torch.full((3, 6), float(w + 1))
     checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 3, 6.0, model, optimizer,
                     workers, scheduler)
-    assert torch.load(tmp_path / "c.pt", weights_only=False)["world_size"] == 2
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["world_size"] == 2
     *_, fresh, _ = restored = simulated(9)
     assert checkpoint.load(tmp_path / "c.pt", *restored) == (3, 6.0, None)
     for w, state in enumerate(fresh.states):
@@ -139,16 +140,20 @@ def test_simulated_learners_checkpoint_every_workers_state(group, tmp_path):
                            torch.full((3, 6), float(w + 1)))
         assert torch.equal(fresh.rng.states[w]["torch"], workers.rng.states[w]["torch"])
         assert fresh.rng.states[w]["python"] == workers.rng.states[w]["python"]
-    with pytest.raises(ValueError, match="^simulated learners checkpoint at epoch ends only$"):
-        checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 3, 6.0, model,
-                        optimizer, workers, scheduler, {"step": 1})
+    # mid-epoch: the process's progress travels with worker 0's part, and comes back
+    progress = {"step": 1, "loss_sum": torch.tensor([0.5, 0.25]), "carry": [None, None]}
+    checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 3, 6.0, model,
+                    optimizer, workers, scheduler, progress)
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["step"] == 1
+    _, _, saved = checkpoint.load(tmp_path / "c.pt", *simulated(9))
+    assert saved["step"] == 1 and torch.equal(saved["loss_sum"], progress["loss_sum"])
 
 
 def test_the_checkpoint_does_not_change_with_later_training(group, tmp_path):
     model, optimizer, hook_state, scheduler = trained_parts()
     checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 1, 0.0, model, optimizer,
                     hook_state, scheduler)
-    saved = torch.load(tmp_path / "c.pt", weights_only=False)
+    saved = torch.load(tmp_path / "c.pt", weights_only=True)
     hook_state.layers["2.weight"].memory["error"].add_(1)
     assert torch.equal(saved["per_rank"][0]["compressor"]["layers"]["2.weight"]["memory"]["error"],
                        torch.arange(18.0).view(3, 6))
@@ -158,7 +163,7 @@ def test_another_world_size_is_refused(group, tmp_path):
     model, optimizer, hook_state, scheduler = trained_parts()
     checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 1, 0.0, model, optimizer,
                     hook_state, scheduler)
-    ckpt = torch.load(tmp_path / "c.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "c.pt", weights_only=True)
     ckpt["world_size"] = 4
     torch.save(ckpt, tmp_path / "checkpoint.pt")
     with pytest.raises(ConfigError) as info:  # checked before any process group starts
@@ -191,7 +196,7 @@ def determinism() -> Iterator[None]:
 
 
 def test_rank_seed_is_the_seed_times_1000_plus_the_rank():
-    assert [checkpoint.rank_seed(s, r) for s, r in [(0, 0), (0, 3), (2, 1), ("5", 0)]] == \
+    assert [rng.rank_seed(s, r) for s, r in [(0, 0), (0, 3), (2, 1), ("5", 0)]] == \
         [0, 3, 2001, 5000]
 
 
@@ -199,7 +204,7 @@ def test_rank_seed_is_the_seed_times_1000_plus_the_rank():
 def test_seed_everything_seeds_each_stream_with_the_ranks_seed(determinism, deterministic):
     torch.use_deterministic_algorithms(False)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
-    checkpoint.seed_everything(2, rank=1, deterministic=deterministic)
+    rng.seed_everything(2, rank=1, deterministic=deterministic)
     assert random.random() == random.Random(2001).random()
     assert np.random.rand() == np.random.RandomState(2001).rand()
     assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(2001)))
@@ -207,3 +212,43 @@ def test_seed_everything_seeds_each_stream_with_the_ranks_seed(determinism, dete
     assert torch.is_deterministic_algorithms_warn_only_enabled() is deterministic
     assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == \
         (deterministic, not deterministic)
+
+
+# ---- a mid-epoch checkpoint's progress, round trip (seconds, not an end-to-end run) -----------
+class _Carrying:
+    """A task that carries a tensor from step to step (as an LSTM's hidden state)."""
+
+    def __init__(self, carry: object = None) -> None:
+        self._carry = carry
+
+    def carry(self) -> object:
+        return self._carry
+
+    def set_carry(self, carry: object) -> None:
+        self._carry = carry
+
+
+def test_the_epoch_progress_comes_back_from_a_mid_epoch_checkpoint(group, tmp_path):
+    from training.progress import EpochProgress
+
+    model, optimizer, hook_state, scheduler = trained_parts()
+    hook_state.reset_epoch(2)
+    model(torch.randn(5, 4)).sum().backward()
+    hook_state._accumulate(["2.weight"], [model[2].weight.grad])  # Delta_e of a step so far
+    hook_state.bits, hook_state.step, hook_state.chosen = 96, 3, {"2.weight": [5, 18]}
+    progress = EpochProgress(2, torch.device("cpu"), step=3, samples=15,
+                             loss_sum=torch.tensor([4.5], dtype=torch.float64), seconds=2.0)
+    tasks = [_Carrying((torch.ones(2), torch.zeros(2)))]
+    checkpoint.save(tmp_path / "c.pt", OmegaConf.create({"seed": 0}), 2, 9.0, model, optimizer,
+                    hook_state, scheduler, progress.state_dict(hook_state, tasks))
+    *_, fresh, _ = restored = parts(5)
+    epoch, _, saved = checkpoint.load(tmp_path / "c.pt", *restored)
+    fresh.reset_epoch(epoch)
+    again_tasks = [_Carrying()]
+    again = EpochProgress.resume(saved, fresh, again_tasks, torch.device("cpu"))
+    assert (again.epoch, again.step, again.samples) == (2, 3, 15)
+    assert again.loss_sum.tolist() == [4.5] and again.seconds() >= 2.0
+    assert (fresh.bits, fresh.step, fresh.chosen) == (96, 3, {"2.weight": [5, 18]})
+    assert torch.equal(fresh.grad_sums["2.weight"], hook_state.grad_sums["2.weight"])
+    assert all(torch.equal(a, b) for a, b in zip(again_tasks[0].carry(), tasks[0].carry(),
+                                                 strict=True))

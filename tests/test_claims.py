@@ -3,17 +3,19 @@ a make target and an analysis module; the analyses on hand-written run records."
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import analysis.claims
 import schedulers
 from core import record
+from tests.analysis_fixture import MACHINE_A, MACHINE_B, provenance
 from tests.conftest import CONF, ROOT
 from training import sweeps
 from training.config import validate
@@ -32,14 +34,18 @@ def claim_runs(name: str, *arguments: str) -> list:
 
 
 def test_every_claim_has_a_sweep_a_make_target_and_an_analysis():
-    simulated = ("learners", "minibatch")  # tests/test_simulated.py, analysis/claims.py
+    simulated = ("learners", "minibatch")  # tests/test_simulated.py
     assert sorted(p.stem for p in (CONF / "sweep").glob("claim_*.yaml")) == \
-        sorted(f"claim_{c}" for c in (*CLAIMS, *simulated))
+        sorted(f"claim_{c}" for c in (*CLAIMS, *simulated)) == \
+        sorted(f"claim_{c}" for c in analysis.claims.NAMES)
     makefile = (ROOT / "Makefile").read_text()
     assert f"CLAIMS := {' '.join(CLAIMS)}" in makefile
-    for name in CLAIMS:
-        module = importlib.import_module(f"analysis.claims_{name}")
-        assert (name, f"claim_{name}") == (module.NAME, module.SWEEP)
+    assert f"SIM_CLAIMS := {' '.join(simulated)}" in makefile
+    for name in analysis.claims.NAMES:
+        module = analysis.claims.module(name)
+        assert f"claim_{name}" == module.SWEEP and module.FIGURE.endswith(".png")
+        assert set(module.KEEP) <= {"completed", "diverged"}
+        assert all(callable(getattr(module, f)) for f in ("data", "plot", "table"))
 
 
 @pytest.mark.parametrize("name", CLAIMS)
@@ -102,15 +108,17 @@ def test_batch_runs_pair_accordion_on_batch_and_on_compression():
 
 
 # ---- the analyses, on hand-written run records ----------------------------------------------
-def write_run(root: Path, cfg, rows: list[dict], status: str = "completed") -> None:
-    """A run record as run.py leaves it: .hydra/config.yaml, metrics.jsonl, summary.json."""
+def write_run(root: Path, cfg, rows: list[dict], status: str = "completed",
+              **summary: object) -> None:
+    """A run record as run.py leaves it: .hydra/config.yaml, metrics.jsonl, summary.json (with
+    the keys of ``summary`` added)."""
     run_dir = root / str(cfg.hydra.sweep.subdir)
     (run_dir / ".hydra").mkdir(parents=True)
     task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     OmegaConf.save(task, run_dir / ".hydra" / "config.yaml", resolve=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    summary = record.summarize(rows, status, "test/accuracy", 1.0)
-    (run_dir / "summary.json").write_text(json.dumps(summary))
+    written = {**record.summarize(rows, status, "test/accuracy", 1.0), **summary}
+    (run_dir / "summary.json").write_text(json.dumps(written))
 
 
 def base_row(epoch: int, accuracy: float, bits: float = 1e6) -> dict:
@@ -118,20 +126,30 @@ def base_row(epoch: int, accuracy: float, bits: float = 1e6) -> dict:
             "comm/bits_dense": 1e8, "time/epoch_s": 1.0, "lr": 0.1, "batch_size": 32}
 
 
-def test_residue_analysis_reads_growth_and_selection(tmp_path):
-    from analysis import claims_residues
-
+def test_residue_analysis_reads_growth_and_selection(tmp_path, capsys):
     for c in claim_runs("residues", "compressor.conv_bin_size=500"):
         soft = c.compressor.soft_threshold
         growth = [1, 1, 1] if soft else [1, 10, math.inf]  # hard LS: not finite at epoch 2
         rows = [{**base_row(e, 90.0 if soft else 10.0), "residue_min/w": -0.01 * growth[e],
                  "residue_max/w": 0.02 * growth[e], "sent_fraction/w": 0.01 if soft else 0.002}
                 for e in range(3)]
-        write_run(tmp_path, c, rows, "completed" if soft else "diverged")
-    out = claims_residues.main("residues", "claim_residues", claims_residues.plot,
-                               claims_residues.table, [str(tmp_path), "--out",
-                                                       str(tmp_path / "out")])
+        write_run(tmp_path, c, rows, "completed" if soft else "diverged",
+                  provenance=provenance(MACHINE_A if soft else MACHINE_B))
+        if soft:  # the same run on seed 1, its ranks out of sync: left out, and said so
+            twin = OmegaConf.merge(c, {"seed": 1, "hydra": {"sweep": {"subdir": "twin"}}})
+            write_run(tmp_path, twin, rows)
+            summary = json.loads((tmp_path / "twin" / "summary.json").read_text())
+            (tmp_path / "twin" / "summary.json").write_text(
+                json.dumps({**summary, "params_in_sync": False}))
+    out = tmp_path / "out"
+    assert analysis.claims.main(["residues", str(tmp_path), "--out", str(out)]) == 0
+    assert "residues: 2 runs" in capsys.readouterr().out
+    assert "1 run(s) left out" in (out / "table.md").read_text()
+    assert "2 runs, on 0f1e2d3c4b5a: AMD EPYC (AVX2) x2, cpu; a1b2c3d4e5f6: Intel Xeon " \
+        "(AVX512) x2, cpu; commit 111111111111. Warning: the set of runs mixes 2 machines." \
+        in (out / "table.md").read_text()
     assert (out / "residues.png").stat().st_size > 0
+    assert len(pd.read_csv(out / "table.csv")) == 6  # data: one row per run and epoch
     table = (out / "table.md").read_text()
     assert "| 500 | hard LS | 0 | [-0.1, 0.2] (epoch 1) | 0.02 -> 0.2 | 10x | 2 | 0.0020 | " \
         "10.0 / 10.0 | diverged |" in table
@@ -140,14 +158,13 @@ def test_residue_analysis_reads_growth_and_selection(tmp_path):
 
 def test_overlap_analysis_averages_layers_per_epoch(tmp_path):
     from analysis import claims_overlap
-    from analysis.claims_common import load_sweep
 
     for c in claim_runs("overlap", "method=batch512"):
         rows = [{**base_row(e, 50.0), "overlap/a": 0.5, "overlap/b": 0.7 + 0.1 * e,
                  "overlap_batch/a": 0.9, "overlap_batch/b": 0.95, "overlap_model": 0.4,
                  "overlap_batch_model": 0.8 + 0.1 * e} for e in range(2)]
         write_run(tmp_path, c, rows)
-    frames = load_sweep(tmp_path, "claim_overlap")
+    frames = analysis.claims.load_sweep(tmp_path, "claim_overlap")
     points = claims_overlap.data(frames)
     pairs = points[points["kind"] == "worker vs worker"]
     assert pairs["mean"].tolist() == pytest.approx([0.6, 0.65])

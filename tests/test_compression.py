@@ -13,11 +13,13 @@ import pytest
 import torch
 
 import compression
+from compression import _topk_kernel as topk_kernel
+from compression.base import Layer
 from compression.comm import SimComm, Steps, all_gather_varlen, drive
 from compression.powersgd import initial_q
-from compression.topk import SAMPLE, top_k_indices
+from compression.topk import SAMPLE, TopK, kept_indices, kept_indices_on_device, top_k_indices
 from core.errors import ConfigError
-from tests.conftest import assert_outputs, random_steps, ref_adacomp
+from tests.conftest import assert_outputs, bits_of, random_steps, ref_adacomp
 
 WORKERS = (1, 2, 3)
 SHAPES = ((6, 40), (8, 3, 3, 3), (50, 20), (30, 7))
@@ -250,6 +252,38 @@ def test_top_k_indices_is_exact(ratio: float, kind: str, monkeypatch: pytest.Mon
     torch.testing.assert_close(a[got].sort(descending=True).values, want, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("n", [1, 7, 1000, 4 * SAMPLE + 77])  # the last: kept_indices samples
+def test_on_device_selection_is_kept_indices(n: int) -> None:
+    # CUDA's selection (no nonzero: nothing read back to the host) keeps exactly the set and
+    # order of kept_indices: the largest keys, the first of the ties at the k-th, ascending.
+    gen = torch.Generator().manual_seed(n)
+    key = torch.randint(0, 40, (n,), generator=gen, dtype=torch.int32)  # ties everywhere
+    for k in sorted({1, max(n // 10, 1), max(n // 2, 1), n // 2 + 1, max(n - 1, 1), n} - {0}):
+        got = kept_indices_on_device(key, k)
+        assert got.dtype == torch.int64 and torch.equal(got, kept_indices(key, k)), (n, k)
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_topk_decode_adds_each_workers_message_in_worker_order(world: int, monkeypatch) -> None:
+    # Overlapping supports: elements sum several workers' values. One index_add_ per worker (its
+    # indices distinct: deterministic on CUDA too) gives, on the CPU, the bits of the single
+    # index_add_ over every message in rank order that it replaced.
+    monkeypatch.setattr(topk_kernel, "kernel", lambda: None)  # the eager path, as on CUDA
+    gen = torch.Generator().manual_seed(world)
+    n, k = 500, 200
+    parts = torch.empty(world, 2 * k, dtype=torch.int32)
+    for w in range(world):
+        parts[w, :k].view(torch.float32).copy_(torch.randn(k, generator=gen))
+        parts[w, k:] = torch.randperm(n, generator=gen)[:k].sort().values
+    for reduce, alpha in (("mean", 1 / world), ("sum", 1.0)):
+        out = torch.full((n,), math.nan)
+        TopK(reduce=reduce).decompress(Layer("w", torch.Size([n])), parts, out)
+        single = torch.zeros(n).index_add_(0, parts[:, k:].reshape(-1),
+                                           parts[:, :k].reshape(-1).view(torch.float32),
+                                           alpha=alpha)
+        assert torch.equal(bits_of(out), bits_of(single))
+
+
 @pytest.mark.parametrize("ratio", [0.99, 0.25, 0.02])
 def test_topk_large_layer_matches_reference(ratio: float) -> None:
     steps = random_steps((300, 400), 2, steps=3)
@@ -327,7 +361,7 @@ def test_powersgd_pointless_layer_goes_dense_and_says_so_once(
     ("ef_signsgd", {"block_size": 0}, "compressor.block_size"),
     ("ef_signsgd", {"error_feedback": "true"}, "compressor.error_feedback"),
     ("topk", {"rank": 2}, "compressor.rank"),
-    ("qsgd", {}, "compressor.name"),
+    ("nonesuch", {}, "compressor.name"),
 ])
 def test_bad_config_names_the_field(name: str, params: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=f"^{field}: "):

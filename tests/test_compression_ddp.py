@@ -20,6 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 from compression.hook import comm_hook
 from core.ranks import run_ranks
+from training import buckets
+from training.tasks import FixedBatch
 
 CONFIGS = {"powersgd": {"rank": 2, "seed": 3}, "topk": {"ratio": 0.1}}
 
@@ -50,12 +52,16 @@ def batch(rank: int, step: int, size: int = 8) -> tuple[torch.Tensor, torch.Tens
     return x, (x[:, 0].mean((1, 2)) > 0).long() + 2 * (x[:, 1].mean((1, 2)) > 0).long()
 
 
+PROBE = FixedBatch(*batch(0, 0))  # the batch the buckets are settled on
+
+
 def make_ddp(cfg: Any, bucket_cap_mb: float = 1e-4
              ) -> tuple[nn.Module, DDP, compression.HookState, torch.optim.Optimizer]:
     """Same initial weights on every rank, the hook of compressor config ``cfg``; by default
     tiny buckets, so a step has several."""
     model, ddp, _, opt = make_plain(bucket_cap_mb)
     state = compression.build(cfg, model.named_parameters())
+    buckets.settle(ddp, PROBE)  # as training.workers does: the final buckets from step 0
     ddp.register_comm_hook(state, comm_hook)
     return model, ddp, state, opt
 

@@ -66,6 +66,7 @@ COMPANIONS = {
 # Fields whose default is null or whose type the default does not tell: their kind.
 KINDS = {
     "trainer.micro_batch_size": "int?", "trainer.grad_clip": "float?", "dataset.subset": "int?",
+    "trainer.num_workers": "int?",
     "dataset.root": "str?", "compressor.block_size": "int?", "logger.entity": "str?",
     "logger.run_name": "str?", "logger.group": "str?", "logger.job_type": "str?",
     "trainer.dist_timeout_s": "float", "trainer.bucket_cap_mb": "float",
@@ -79,11 +80,13 @@ KINDS = {
     "dataset.smooth": "int?", "dataset.label_noise": "float", "scheduler.levels": "list_float?",
     "scheduler.batch_sizes": "list_int?", "scheduler.base_batch": "int?", "optimizer.eps": "float",
     "optimizer.betas": "list_float", "logger.tags": "list_str",
-    "trainer.workers": "int?",
+    "trainer.workers": "int?", "compressor.bucket_size": "int?", "compressor.clip": "float?",
+    "compressor.clip_norm": "float?", "compressor.momentum": "float",
+    "compressor.sample_ratio": "float",
 }
 CHOICE_FIELDS = ("trainer.device", "trainer.progress", "logger.mode", "compressor.reduce",
                  "scheduler.lr_scaling", "dataset.eval_split", "model.classifier", "dataset.task")
-# Allowed ranges, as the README and the config files state them: (low, high, low_open,
+# Allowed ranges, as the docs and the config files state them: (low, high, low_open,
 # high_open); None = unbounded. Integer fields list their bounds as integers.
 RANGES = {
     "seed": (0, 4294966), "trainer.epochs": (1, None), "trainer.batch_size": (1, None),
@@ -115,6 +118,9 @@ RANGES = {
     "dataset.modes": (1, None), "dataset.shift": (0, None), "dataset.smooth": (1, None),
     "dataset.label_noise": (0.0, 1.0), "optimizer.schedule.lag": (0, None),
     "scheduler.base_batch": (1, None), "optimizer.eps": (0.0, None, True),
+    "compressor.levels": (1, 1 << 16), "compressor.bucket_size": (1, 1 << 24),
+    "compressor.clip": (0.0, None, True), "compressor.clip_norm": (0.0, None, True),
+    "compressor.momentum": (0.0, 1.0, False, True), "compressor.sample_ratio": (0.0, 1.0, True),
 }
 FIELD_LINE = re.compile(r"^[A-Za-z_][\w.]*(\[\d+\])?: \S")  # "trainer.epochs: expected ..."
 

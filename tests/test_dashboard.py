@@ -3,12 +3,15 @@ its runs filter, its grouping, and panels that plot keys a real run logs."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-from analysis.dashboard import SECTIONS, build_workspace
-from tests.conftest import TINY, assert_ok, read_rows, run_cli
+from analysis.dashboard import AUTO, SECTIONS, build_workspace
+from tests.conftest import ROOT, TINY, assert_ok, read_rows, run_cli
 
 
 def _model(workspace) -> dict:
@@ -36,10 +39,31 @@ def test_panels_plot_keys_that_runs_log(tmp_path):
     assert_ok(run_cli([*TINY, "compressor=powersgd", "scheduler=accordion", "scheduler.interval=1",
                        "trainer.epochs=2", f"hydra.run.dir={tmp_path}"]))
     keys = set(read_rows(tmp_path)[-1])
-    for panels in SECTIONS.values():
+    for section, panels in SECTIONS.items():
+        if section == AUTO:  # accordion_auto's keys: tests/test_accordion_auto_e2e.py
+            continue
         for panel in panels:
             if panel.metric_regex:
                 assert any(re.match(panel.metric_regex, k) for k in keys), panel.title
             else:
                 wanted = set(panel.y) - {"test/perplexity"}  # the LSTM's metric
                 assert wanted <= keys, panel.title
+
+
+@pytest.mark.parametrize("entity", [[], ["--entity", "someone"]])
+def test_without_a_login_one_line_says_what_to_do(tmp_path, entity):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    proc = subprocess.run([sys.executable, "-m", "analysis.dashboard", "table1", *entity],
+                          cwd=ROOT, env={**env, "HOME": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: W&B: ") and "`wandb login`" in line and "WANDB_API_KEY" in line
+
+
+@pytest.mark.parametrize(("scale", "passed"), [([], ""), (["SCALE=tiny"], " --scale tiny")])
+def test_make_dashboard_passes_scale(scale, passed):
+    proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", "dashboard", "SWEEP=table1",
+                           *scale], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    command = " ".join(proc.stdout.replace("\\\n", " ").split())
+    assert command.endswith("-m analysis.dashboard table1" + passed)

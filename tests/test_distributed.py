@@ -58,6 +58,52 @@ def test_detect_submitit_local(monkeypatch):
     assert distributed.detect().launcher == "single"
 
 
+# ---- which GPU a rank takes (before any process group starts) -----------------------------
+@pytest.mark.parametrize(("local_rank", "visible", "slurm", "index"), [
+    (0, 1, False, 0), (3, 4, False, 3), (3, 8, True, 3),  # every rank sees the node's GPUs
+    (0, 1, True, 0), (3, 1, True, 0),                     # Slurm bound one GPU to the task
+])
+def test_each_rank_takes_its_own_gpu(local_rank, visible, slurm, index):
+    assert distributed.cuda_index(local_rank, visible, slurm) == index
+
+
+@pytest.mark.parametrize(("local_rank", "visible", "slurm", "message"), [
+    (1, 1, False, "trainer.device: local rank 1 has no GPU of its own: this process sees 1 CUDA "
+                  "device (CUDA_VISIBLE_DEVICES=0); start at most 1 rank per node, or set "
+                  "trainer.device=cpu"),
+    (2, 0, False, "trainer.device: local rank 2 has no GPU of its own: this process sees 0 CUDA "
+                  "devices (CUDA_VISIBLE_DEVICES=0); start at most 0 ranks per node, or set "
+                  "trainer.device=cpu"),
+    (3, 2, True, "trainer.device: local rank 3 has no GPU of its own: this process sees 2 CUDA "
+                 "devices (CUDA_VISIBLE_DEVICES=0); start at most 2 ranks per node, or have "
+                 "Slurm bind one GPU to each task (--gpus-per-task=1), or set trainer.device=cpu"),
+])
+def test_a_rank_without_a_gpu_of_its_own_is_one_line(monkeypatch, local_rank, visible, slurm,
+                                                     message):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(ConfigError) as info:
+        distributed.cuda_index(local_rank, visible, slurm)
+    assert str(info.value) == message
+
+
+def test_slurm_may_bind_gpus_to_its_tasks_only(monkeypatch):
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    assert distributed.slurm_binds_gpus(distributed.DistEnv(1, 4, 1, "slurm"))
+    for launcher in ("torchrun", "single", "submitit"):
+        assert not distributed.slurm_binds_gpus(distributed.DistEnv(1, 4, 1, launcher))
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")  # submitit's tasks under srun
+    assert distributed.slurm_binds_gpus(distributed.DistEnv(1, 4, 1, "submitit"))
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")  # every task sees the same GPUs
+    assert not distributed.slurm_binds_gpus(distributed.DistEnv(1, 4, 1, "submitit"))
+
+
+def test_cpu_runs_take_no_gpu():
+    env = distributed.DistEnv(3, 4, 3, "torchrun")
+    assert distributed.device_for(env, "cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert distributed.device_for(env, "auto") == torch.device("cpu")
+
+
 @pytest.mark.parametrize(("nodelist", "host"), [
     ("node7", "node7"), ("gpu[012-015,020]", "gpu012"), ("a[3,5],b1", "a3"),
     ("cpu1,cpu2", "cpu1"), ("x[9]", "x9"),

@@ -186,8 +186,8 @@ def test_killed_rank_ends_the_job_and_the_run_resumes_bit_exactly(tmp_path, comp
     assert 1 <= epoch <= len(read_rows(faulty)) <= epoch + 1, note
     assert_ok(run_cli([*fault_args(compressor, faulty), "resume=true"], nproc=2))
     same_rows(read_rows(straight), read_rows(faulty))
-    a = torch.load(straight / "checkpoint.pt", weights_only=False)
-    b = torch.load(faulty / "checkpoint.pt", weights_only=False)
+    a = torch.load(straight / "checkpoint.pt", weights_only=True)
+    b = torch.load(faulty / "checkpoint.pt", weights_only=True)
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), (note, key)
     assert json.loads((faulty / "summary.json").read_text())["params_in_sync"] is True
@@ -436,7 +436,7 @@ def test_nonfinite_gradient_on_one_rank_stops_every_rank_as_diverged(tmp_path, c
     assert summary["reason"].startswith("non-finite gradient in layer conv1.weight on rank 1 at "
                                         "epoch 1, step 2"), summary["reason"]
     assert summary["epochs_completed"] == 2 == len(read_rows(tmp_path))
-    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ckpt["epoch"] == 1  # saved after epoch 0; epoch 1's poisoned state never was
     tensors = [t for r in ckpt["per_rank"] for layer in r["compressor"]["layers"].values()
                for t in layer["memory"].values()]

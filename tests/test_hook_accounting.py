@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 from compression import _adacomp_kernel as adacomp_kernel
 from compression._adacomp_kernel import group_bytes
+from compression.adacomp import AdaComp
 from compression.base import Sent
 from compression.comm import SimComm, drive
 from compression.hook import HookState, aggregate_bucket, comm_hook, layer_type
@@ -335,3 +336,37 @@ def test_an_epoch_stopped_mid_way_continues_with_its_sums(group, name, params):
     assert fresh.nonfinite() is None
     fresh.load_epoch_state_dict({**epoch, "nonfinite": (2, ["fc.weight"])}, torch.device("cpu"))
     assert fresh.nonfinite() == (2, ["fc.weight"])
+
+
+class DeviceCounts(AdaComp):
+    """AdaComp returning its sent counts as 0-d tensors, as it does on CUDA (where reading them
+    would wait for the device): the hook must sum them on the device and read them once."""
+
+    def _compress(self, *args, **kwargs):
+        return [torch.tensor(c) for c in super()._compress(*args, **kwargs)]
+
+
+def test_counts_kept_on_the_device_are_the_counts_read_at_once(group):
+    # The same steps with the counts as ints and as tensors: the same epoch metrics (plain
+    # floats), the same mid-epoch state (plain ints), whatever the order they are asked in.
+    runs = {}
+    for cls in (AdaComp, DeviceCounts):
+        torch.manual_seed(0)
+        model = Net()
+        ddp = DDP(model, bucket_cap_mb=1e-4)
+        state = HookState(cls(conv_bin_size=5, fc_bin_size=7), model.named_parameters())
+        ddp.register_comm_hook(state, comm_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train(model, ddp, opt, range(2))
+        middle = state.epoch_state_dict()
+        train(model, ddp, opt, range(2, 4))
+        runs[cls] = middle, state.epoch_stats(), state.epoch_state_dict()
+        assert not state._tally  # all read
+    plain, counted = runs[AdaComp], runs[DeviceCounts]
+    for a, b in ((plain[0], counted[0]), (plain[2], counted[2])):
+        assert {k: v for k, v in a.items() if k not in ("grad_sums", "compress_s")} == \
+            {k: v for k, v in b.items() if k not in ("grad_sums", "compress_s")}
+    assert counted[0]["bits"] < counted[2]["bits"] and counted[0]["chosen"]
+    stats = {k: v for k, v in counted[1].items() if k not in TIMING}
+    assert stats == {k: v for k, v in plain[1].items() if k not in TIMING}
+    assert all(type(v) in (int, float) for v in counted[1].values())

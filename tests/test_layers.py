@@ -2,8 +2,8 @@
 
 ``core`` (errors, LR schedule, run record, process groups) is the base; ``models``, ``data`` and
 ``compression`` build on it alone; ``schedulers`` drive compressors; ``training`` wires all of
-them together for ``run.py``; ``analysis``, ``benchmarks`` and ``hydra_plugins`` (the sweeper
-and launcher) sit on top. Tests may import
+them together for ``run.py``; ``analysis``, ``benchmarks``, ``hydra_plugins`` (the sweeper
+and launcher) and ``tools`` (docs and config tooling) sit on top. Tests may import
 anything.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ROOT
 
 LAYER = {"core": 0, "models": 1, "data": 1, "compression": 1, "schedulers": 2, "training": 3,
-         "run": 4, "analysis": 4, "benchmarks": 4, "hydra_plugins": 4}
+         "run": 4, "analysis": 4, "benchmarks": 4, "hydra_plugins": 4, "tools": 4}
 
 
 def project_imports(path) -> set[str]:

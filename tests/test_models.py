@@ -11,7 +11,7 @@ from torch import nn
 
 import models
 
-# Exact parameter counts (the README's model table lists the same numbers).
+# Exact parameter counts (docs/models-datasets.md's model table lists the same numbers).
 # (name, num_classes, kwargs) -> parameters.
 PARAM_COUNTS: dict[tuple[str, int, tuple[tuple[str, Any], ...]], int] = {
     ("resnet18", 10, ()): 11_173_962,

@@ -36,8 +36,8 @@ def compressors_and_signals() -> list:
 
 
 def same_weights(a: Path, b: Path) -> None:
-    wa = torch.load(a / "checkpoint.pt", weights_only=False)["model"]
-    wb = torch.load(b / "checkpoint.pt", weights_only=False)["model"]
+    wa = torch.load(a / "checkpoint.pt", weights_only=True)["model"]
+    wb = torch.load(b / "checkpoint.pt", weights_only=True)["model"]
     for key, value in wa.items():
         assert torch.equal(value, wb[key]), key
 
@@ -67,7 +67,7 @@ def test_preempted_job_checkpoints_mid_epoch_and_resumes_bit_exactly(tmp_path, c
     assert f"{summary['status']}; the run resumes from its last checkpoint with resume=true" \
         in text, note
     # A mid-epoch checkpoint: both ranks stopped after the same step, no partial metrics row.
-    ckpt = torch.load(faulty / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(faulty / "checkpoint.pt", weights_only=True)
     epoch, step = ckpt["epoch"], ckpt["step"]
     assert summary["status"].startswith(f"preempted: {name} at epoch {epoch}, step {step}"), note
     assert epoch >= 1 and 1 <= step <= STEPS, note

@@ -8,12 +8,13 @@ import json
 import math
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from core import record
+from core import record, rng
 from core.errors import ConfigError
 
 
@@ -187,16 +188,46 @@ def test_checkpoint_round_trip_and_no_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [record.CHECKPOINT]
 
 
-def test_a_checkpoint_with_rng_states_and_config_loads(tmp_path):
-    # what training/checkpoint.py saves besides tensors: Python and NumPy RNG states, plain
-    # containers of config values (torch's weights-only loader refuses the NumPy state)
+def test_a_checkpoint_with_rng_states_and_config_loads_as_data(tmp_path):
+    # what training/checkpoint.py saves besides tensors: the RNG states (core.rng: plain
+    # containers) and the config; loaded with weights_only=True, they restore every stream
     path = tmp_path / record.CHECKPOINT
-    state = {"rng": {"python": random.getstate(), "numpy": np.random.get_state()},
-             "config": {"seed": 0, "lr": [0.1, 0.01]}}
+    rng.seed_everything(7, rank=1, deterministic=False)
+    np.random.standard_normal()  # a cached Gaussian in NumPy's state
+    state = {"rng": rng.capture(), "config": {"seed": 0, "lr": [0.1, 0.01]}}
+    expected = (random.random(), np.random.standard_normal(), torch.rand(3))
     record.save_checkpoint(path, state)
     loaded = record.load_checkpoint(path)
-    assert loaded["rng"]["python"] == state["rng"]["python"] and loaded["config"] == state["config"]
-    assert np.array_equal(loaded["rng"]["numpy"][1], state["rng"]["numpy"][1])
+    assert loaded["config"] == state["config"]
+    rng.restore(loaded["rng"])
+    assert (random.random(), np.random.standard_normal()) == expected[:2]
+    assert torch.equal(torch.rand(3), expected[2])
+
+
+class _RunsCode:
+    """Unpickling this runs ``touch <path>``: what a checkpoint must never do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return os.system, (f"touch {self.path}",)
+
+
+@pytest.mark.parametrize("where", ["top", "nested"])
+def test_a_checkpoint_holding_code_is_refused_unrun(tmp_path, where):
+    path, ran = tmp_path / record.CHECKPOINT, tmp_path / "ran"
+    payload = _RunsCode(ran)
+    torch.save({"epoch": 1, "payload": payload} if where == "top" else
+               {"epoch": 1, "per_rank": [{"rng": {"python": payload}}]}, path)
+    for load in (record.load_checkpoint, lambda p: record.load_checkpoint(p, mmap=True)):
+        with pytest.raises(ConfigError) as info:
+            load(path)
+        assert str(info.value) == (
+            f"resume: {path} holds a pickled posix.system, which could run code when loaded; a "
+            f"checkpoint of this suite holds only tensors and plain containers, so it was "
+            f"refused unread")
+    assert not ran.exists()
 
 
 def test_a_failed_write_leaves_the_old_checkpoint(tmp_path):

@@ -17,7 +17,7 @@ SUMMARY_KEYS = {"status", "final", "best", "total_bits", "total_time_s", "params
 def _check_record(run_dir, epochs: int, world_size: int) -> list[dict]:
     rows = read_rows(run_dir)
     assert [r["epoch"] for r in rows] == list(range(epochs))
-    model = torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    model = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
     weights = [k for k, v in model.items() if v.is_floating_point() and "running" not in k]
     for row in rows:
         assert row.keys() >= EPOCH_KEYS
@@ -65,8 +65,8 @@ def test_resume_is_bit_exact(tmp_path):
     for row_a, row_b in zip(a, b, strict=True):
         assert {k: v for k, v in row_a.items() if k not in TIMING} == \
                {k: v for k, v in row_b.items() if k not in TIMING}
-    ca = torch.load(straight / "checkpoint.pt", weights_only=False)
-    cb = torch.load(resumed / "checkpoint.pt", weights_only=False)
+    ca = torch.load(straight / "checkpoint.pt", weights_only=True)
+    cb = torch.load(resumed / "checkpoint.pt", weights_only=True)
     for key, value in ca["model"].items():
         assert torch.equal(value, cb["model"][key]), key
 
@@ -88,6 +88,10 @@ def test_wandb_offline_run_records_the_same_keys(tmp_path):
     for key in ("train/loss", "test/accuracy", "comm/bits", "grad_norm/conv1.weight"):
         assert key.encode() in blob, key
     assert b"resnet18-digits-none-static" in blob  # the group = the experiment name
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("provenance.fingerprint", "provenance.git.commit", "provenance.cpu.model"):
+        assert key.encode() in blob, key  # the run's config on W&B holds its provenance
+    assert summary["provenance"]["fingerprint"].encode() in blob
     _check_record(tmp_path, epochs=1, world_size=1)
 
 
@@ -130,9 +134,11 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
                       nproc=2))
     big, acc = read_rows(tmp_path / "big"), read_rows(tmp_path / "acc")
     assert big[0]["comm/bits"] == acc[0]["comm/bits"]  # one communication per step either way
-    assert acc[0]["train/loss"] == pytest.approx(big[0]["train/loss"], rel=1e-5)
-    ma = torch.load(tmp_path / "big" / "checkpoint.pt", weights_only=False)["model"]
-    mb = torch.load(tmp_path / "acc" / "checkpoint.pt", weights_only=False)["model"]
+    # only the summation order differs; under portable numerics (im2col + MKL COMPATIBLE) the
+    # epoch's loss drifts 1e-5 relative (native: below), so the weights' tolerance here too
+    assert acc[0]["train/loss"] == pytest.approx(big[0]["train/loss"], rel=1e-4)
+    ma = torch.load(tmp_path / "big" / "checkpoint.pt", weights_only=True)["model"]
+    mb = torch.load(tmp_path / "acc" / "checkpoint.pt", weights_only=True)["model"]
     for key in ma:
         torch.testing.assert_close(ma[key], mb[key], rtol=1e-4, atol=1e-6)
 
@@ -174,3 +180,17 @@ def test_sigterm_checkpoints_mid_epoch_and_the_run_resumes(tmp_path):
                        f"hydra.run.dir={tmp_path}"]))
     assert [r["epoch"] for r in read_rows(tmp_path)] == list(range(done + 1))
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+
+
+def test_without_a_terminal_progress_comes_as_log_lines(tmp_path):
+    # stderr is a pipe here: no bar, one line per progress_every_s (every step at 1e-6 s)
+    proc = run_cli([*TINY, "trainer.epochs=1", "trainer.progress=auto",
+                    "trainer.progress_every_s=1e-6", f"hydra.run.dir={tmp_path / 'a'}"])
+    assert_ok(proc)
+    steps = len([line for line in (proc.stdout + proc.stderr).splitlines()
+                 if "epoch 0  step " in line and "train/loss" in line and "samples/s" in line])
+    assert steps == 128 // 32  # dataset.subset / trainer.batch_size
+    quiet = run_cli([*TINY, "trainer.epochs=1", "trainer.progress=false",
+                     "trainer.progress_every_s=1e-6", f"hydra.run.dir={tmp_path / 'b'}"])
+    assert_ok(quiet)
+    assert "epoch 0  step " not in quiet.stdout + quiet.stderr

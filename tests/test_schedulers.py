@@ -419,7 +419,7 @@ def roundtrip(state: dict) -> dict:
     buf = io.BytesIO()
     torch.save(state, buf)
     buf.seek(0)
-    return torch.load(buf, weights_only=False)
+    return torch.load(buf, weights_only=True)
 
 
 @pytest.mark.parametrize("name", ["accordion", "accordion_batch", "accordion_joint"])
@@ -463,7 +463,8 @@ def test_bad_values_rejected_at_build(cfg, field):
 
 @pytest.mark.parametrize(("cfg", "message"), [
     ({"name": "nope"}, "scheduler.name: unknown scheduler 'nope'; choose one of ['accordion', "
-     "'accordion_batch', 'accordion_joint', 'plan', 'static']"),
+     "'accordion_auto', 'accordion_batch', 'accordion_batch_auto', 'accordion_joint', 'plan', "
+     "'static']"),
     ({"name": "accordion", "rank": 2}, "scheduler.rank: unknown key for scheduler 'accordion'; "
      "expected ['low', 'high', 'eta', 'interval']"),
     ({"name": "static", "rank": 2}, "scheduler.rank: unknown key for scheduler 'static'; "

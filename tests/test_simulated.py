@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from core.errors import ConfigError
 from core.ranks import run_ranks
 from tests.conftest import CONF, TIMING, TINY, assert_ok, read_rows, run_cli
-from tests.test_compression_ddp import SmallCNN, batch, make_ddp, plain
+from tests.test_compression_ddp import PROBE, SmallCNN, batch, make_ddp, plain
 from training import config
 from training.simulated import SimulatedWorkers
 
@@ -55,7 +55,7 @@ def simulated(cfg: dict, world: int) -> list[dict[str, np.ndarray]]:
     torch.manual_seed(0)
     model = SmallCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    workers = SimulatedWorkers(model, OmegaConf.create(cfg), [None] * world,
+    workers = SimulatedWorkers(model, OmegaConf.create(cfg), [PROBE] * world,
                                list(range(world)), bucket_cap_mb=25)
     grads = []
     for step in range(STEPS):
@@ -72,7 +72,7 @@ def simulated(cfg: dict, world: int) -> list[dict[str, np.ndarray]]:
 
 
 def test_two_simulated_workers_step_as_two_real_ranks(group) -> None:
-    # Same buckets (DDP's, rebuilt after the first step), same reduction order: bit for bit.
+    # Same buckets (DDP's, settled before the first step), same reduction order: bit for bit.
     real = run_ranks(_real, 2)[0]
     for cfg, real_grads in zip(CONFIGS, real, strict=True):
         for step, (got, want) in enumerate(zip(simulated(cfg, 2), real_grads, strict=True)):
@@ -153,8 +153,8 @@ def test_two_simulated_learners_record_what_two_gloo_ranks_record(tmp_path, name
         assert any(k.startswith("critical/") for k in sim[0])
     if name == "adacomp":  # the top-k overlap, measured by learner 0 as by rank 0
         assert "overlap_model" in sim[1] and "overlap_model" not in sim[0]
-    a = torch.load(tmp_path / "sim" / "checkpoint.pt", weights_only=False)
-    b = torch.load(tmp_path / "real" / "checkpoint.pt", weights_only=False)
+    a = torch.load(tmp_path / "sim" / "checkpoint.pt", weights_only=True)
+    b = torch.load(tmp_path / "real" / "checkpoint.pt", weights_only=True)
     assert a["world_size"] == b["world_size"] == 2
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
@@ -168,12 +168,12 @@ def test_simulated_resume_is_bit_exact(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert_ok(run_cli([*common, "trainer.epochs=3", f"hydra.run.dir={straight}"]))
     assert_ok(run_cli([*common, "trainer.epochs=1", f"hydra.run.dir={resumed}"]))
-    saved = torch.load(resumed / "checkpoint.pt", weights_only=False)
+    saved = torch.load(resumed / "checkpoint.pt", weights_only=True)
     assert saved["world_size"] == 4 and len(saved["per_rank"]) == 4
     assert_ok(run_cli([*common, "trainer.epochs=3", "resume=true", f"hydra.run.dir={resumed}"]))
     assert _metrics(straight) == _metrics(resumed)
-    a = torch.load(straight / "checkpoint.pt", weights_only=False)
-    b = torch.load(resumed / "checkpoint.pt", weights_only=False)
+    a = torch.load(straight / "checkpoint.pt", weights_only=True)
+    b = torch.load(resumed / "checkpoint.pt", weights_only=True)
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     for wa, wb in zip(a["per_rank"], b["per_rank"], strict=True):

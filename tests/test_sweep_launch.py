@@ -81,7 +81,7 @@ def test_relaunch_skips_resumes_and_reruns(tmp_path):
     assert all(summary(d)["status"] == "completed" and summary(d)["params_in_sync"]
                for d in dirs.values())
     resumed = read_rows(dirs["rank1"])
-    done = torch.load(dirs["rank1"] / "checkpoint.pt", weights_only=False)
+    done = torch.load(dirs["rank1"] / "checkpoint.pt", weights_only=True)
     assert [r["epoch"] for r in resumed] == [0, 1, 2, 3] and done["world_size"] == 2
     # the epochs of the last checkpoint are kept as they were (not trained again); the row after
     # it may have been written just before the kill
@@ -122,7 +122,7 @@ def two_rank_runs_completed(root: Path, methods: tuple[str, ...], epochs: int) -
     for method in methods:
         path = run_dirs(root)[method]
         assert summary(path)["status"] == "completed" and summary(path)["params_in_sync"]
-        assert torch.load(path / "checkpoint.pt", weights_only=False)["world_size"] == 2
+        assert torch.load(path / "checkpoint.pt", weights_only=True)["world_size"] == 2
         assert len(read_rows(path)) == epochs
 
 

@@ -69,6 +69,20 @@ EXPECTED = {
     | _groups("cifar10", ["cifar10_cnn"], ("none", "adacomp"), "none")
     | _groups("imagenet", ["resnet18", "resnet50", "alexnet"], ("none", "adacomp"), "none")
     | _groups("shakespeare", ["char_lstm"], ("none", "adacomp"), "none"),
+    # Issue 30: measured endpoints beside the hand-picked ones and a grid of fixed levels.
+    "auto_endpoints": _groups("cifar10", ["resnet18"], ("rank4", "rank2", "rank1",
+                                                        "accordion_rank2_rank1", "auto_rank",
+                                                        "auto_rank_budget"), "rank2")
+    | _groups("cifar10", ["resnet18"], ("k0.99", "k0.25", "k0.10", "accordion_k0.99_k0.10",
+                                        "auto_topk", "auto_topk_budget"), "k0.99", "authors")
+    | _groups("wikitext2", ["lstm"], ("k0.99", "k0.10", "k0.02", "accordion_k0.99_k0.02",
+                                      "auto_topk", "auto_topk_budget"), "k0.99", "authors")
+    | _groups("cifar100", ["vgg19bn"], ("rank4", "rank2", "rank1", "accordion_rank4_rank1",
+                                        "accordion_rank4_rank2", "auto_rank"), "rank4")
+    | _groups("cifar10", ["resnet18"], ("batch512", "batch4096", "batch16384",
+                                        "accordion_batch512_batch4096",
+                                        "accordion_batch512_batch16384", "auto_batch"),
+              "batch512"),
     "ablation_ef": {g for v in ("ours", "noef") for g in
                     _groups("cifar10", ["resnet18"], CIFAR_PSGD, "rank2", v)
                     | _groups("wikitext2", ["lstm"], ("k0.99", "k0.02", "accordion_k0.99_k0.02"),
@@ -115,9 +129,9 @@ def composed() -> dict[tuple[str, str], list]:
 
 
 def test_every_sweep_file_is_tested():
-    # The claim sweeps (claim_*) are tested in tests/test_claims.py.
+    # The claim sweeps (claim_*) are tested in tests/test_claims.py, the zoo in tests/test_zoo.py.
     assert sorted(p.stem for p in (CONF / "sweep").glob("*.yaml")
-                  if not p.stem.startswith("claim_")) == sorted(EXPECTED)
+                  if not p.stem.startswith("claim_") and p.stem != "zoo") == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -167,6 +181,8 @@ def test_methods_compose_their_compressor_and_scheduler(composed, scale):
             assert (c.compressor.name, s.name, s.low, s.high) == ("topk", "accordion", low, high)
         elif method.startswith(("batch", "accordion_batch")):
             _check_batch_method(c, scale)
+        elif method.startswith("auto_"):
+            _check_auto_method(c, scale)
         else:
             assert (c.compressor.name, s.name) == (method, "static")
             if method == "adacomp":
@@ -176,12 +192,13 @@ def test_methods_compose_their_compressor_and_scheduler(composed, scale):
 def _check_batch_method(c, scale):
     small = 512 if scale == "paper" else 32
     large = {"batch4096": 8 * small, "accordion_batch512_batch4096": 8 * small,
-             "accordion_batch512_batch16384": 32 * small, "batch512": small}[c.method]
+             "batch16384": 32 * small, "accordion_batch512_batch16384": 32 * small,
+             "batch512": small}[c.method]
     s = c.scheduler
     assert c.compressor.name == "none"
     if c.method == "batch512":
         assert (s.name, c.trainer.batch_size) == ("static", small)
-    elif c.method == "batch4096":
+    elif c.method in ("batch4096", "batch16384"):
         assert (s.name, list(s.batch_sizes), s.base_batch) == ("plan", [large], small)
     elif c.variant == "ours":
         assert (s.name, s.batch_low, s.batch_high) == ("accordion_batch", small, large)
@@ -190,6 +207,30 @@ def _check_batch_method(c, scale):
         switch = 20 if scale == "paper" else 4
         assert (s.name, list(s.epochs), list(s.batch_sizes), s.base_batch, s.lr_scaling) == (
             "plan", [0, switch], [small, large], small, "linear")
+
+
+def _check_auto_method(c, scale):
+    """Issue 30's methods: the candidates, the rule, the budget over the run, the interval."""
+    s = c.scheduler
+    interval = (10 if scale == "paper" else 2) * (
+        0.5 if c.benchmark == "wikitext2" and scale == "paper" else 1)
+    if c.method == "auto_batch":
+        small = 512 if scale == "paper" else 32
+        assert (c.compressor.name, s.name, s.batch_low, s.batches) == (
+            "none", "accordion_batch_auto", small, None)
+        assert s.interval == interval
+        return
+    family, levels = {"auto_rank": ("powersgd", [4, 2, 1]),
+                      "auto_topk": ("topk", [0.99, 0.25, 0.10, 0.02])}[
+        c.method.removesuffix("_budget")]
+    assert (c.compressor.name, s.name, list(s.levels), s.interval) == (
+        family, "accordion_auto", levels, interval)
+    first = c.compressor.ratio if family == "topk" else c.compressor.rank
+    assert first == levels[0]  # the level epoch 0 runs at: the compressor's own
+    if c.method.endswith("_budget"):
+        assert (s.rule, s.epochs) == ("budget", c.trainer.epochs) and 0 < s.budget < 2
+    else:
+        assert (s.rule, s.budget) == ("noise", None)
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -205,7 +246,7 @@ def test_scale_picks_data_recipe_and_width(composed, scale):
                 assert c.model.width == 8
         if c.benchmark in ("cifar10", "cifar100") and c.model.name != "cifar10_cnn":
             assert c.optimizer.schedule.lag == 1  # the authors' one-epoch LR lag, both scales
-        if c.sweep == "fig9":
+        if c.sweep == "fig9" or c.model.name == "vgg19bn" and c.benchmark == "cifar100":
             assert c.model.classifier == "cifar100"
 
 

@@ -9,6 +9,7 @@ group. The same evaluation over 2 ranks is in ``tests/test_glue_ranks.py``.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -28,7 +29,9 @@ from training.tasks import (
     _shard,
     _windows,
     check_batches,
+    data_workers,
     make_task,
+    rank_cpus,
 )
 
 CPU = torch.device("cpu")
@@ -137,6 +140,45 @@ def test_loaders_use_the_configured_workers_and_pin_memory_only_for_cuda(device)
     if device == "cpu":  # a worker process yields the batches the main process would
         assert ids(task.batches(0)) == ids(classification(batch_size=5).batches(0))
     assert classification().train_loader.persistent_workers is False  # no workers to keep
+
+
+# ---- data-loading workers (trainer.num_workers: null by default) ------------------------------
+NODE = len(os.sched_getaffinity(0))  # the CPUs this process may run on
+
+
+@pytest.mark.parametrize(("environ", "cpus"), [
+    ({"SLURM_CPUS_PER_TASK": "8"}, 8),                          # Slurm's cpus_per_task
+    ({"SLURM_CPUS_PER_TASK": "8", "LOCAL_WORLD_SIZE": "4"}, 8),  # are the task's own
+    ({}, NODE),
+    ({"LOCAL_WORLD_SIZE": "2"}, max(NODE // 2, 1)),            # torchrun's ranks share them
+    ({"SUBMITIT_LOCAL_NTASKS": "3"}, max(NODE // 3, 1)),       # and submitit's local tasks
+    ({"LOCAL_WORLD_SIZE": str(NODE + 1)}, 1),
+])
+def test_a_rank_has_its_tasks_cpus_or_its_share_of_the_node(environ, cpus):
+    assert rank_cpus(environ) == cpus
+
+
+def test_data_workers_are_none_on_cpu_and_the_ranks_cpus_but_one_on_a_gpu():
+    gpu, slurm = torch.device("cuda", 0), {"SLURM_CPUS_PER_TASK": "8"}
+    assert data_workers(None, gpu, env(), slurm) == 7
+    assert data_workers(None, gpu, env(), {"SLURM_CPUS_PER_TASK": "1"}) == 0
+    assert data_workers(None, CPU, env(), slurm) == 0  # the CPU ranks compute on the cores
+    assert data_workers(None, gpu, DistEnv(0, 64, 0, "simulated"), slurm) == 0  # 64 loaders
+    assert data_workers(3, gpu, env(), slurm) == 3 and data_workers(0, gpu, env(), slurm) == 0
+    assert data_workers(2, CPU, env(), slurm) == 2
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_default_config_loads_data_with_the_ranks_cpus(compose_cfg, monkeypatch, device):
+    # a task is built without touching the device: a CUDA one can be built here
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    cfg = compose_cfg("trainer.batch_size=4")
+    assert cfg.trainer.num_workers is None
+    task = make_task(DataBundle("classification", 4, images(20), images(7)), env(), cfg,
+                     torch.device(device))
+    workers = 2 if device == "cuda" else 0
+    for loader in (task.train_loader, task.test_loader):
+        assert loader.num_workers == workers and loader.pin_memory is (device == "cuda")
 
 
 @pytest.mark.slow  # ~5 s: the first computation on the meta device imports torch._dynamo

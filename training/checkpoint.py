@@ -1,25 +1,25 @@
-"""What a checkpoint holds and how every rank saves and restores its part of it; seeding.
+"""What a checkpoint holds and how every rank saves and restores its part of it.
 
 Rank 0 writes ``checkpoint.pt`` (atomically, :func:`core.record.save_checkpoint`) with the model,
 the optimizer, the scheduler's history and, per rank, what differs across ranks: the RNG states
-and the compressor memories (error feedback, residues, warm-start Q). A resumed run therefore
-continues bit for bit (on CPU) as if it had never stopped.
+and the compressor memories (error feedback, residues, warm-start Q), gathered to rank 0 only.
+A resumed run therefore continues bit for bit (on CPU) as if it had never stopped. A checkpoint
+is data, not code: tensors and plain containers only, loaded with ``weights_only=True``
+(:func:`core.record.load_checkpoint`).
 """
 
 from __future__ import annotations
 
-import random
 import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from compression import HookState
-from core import record
+from core import record, rng
 from core.errors import ConfigError
 from schedulers import Scheduler
 from training import runs
@@ -34,8 +34,8 @@ def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.n
     ``progress``: this rank's part of a mid-epoch checkpoint
     (:meth:`training.progress.EpochProgress.state_dict`); ``next_epoch`` is then the epoch it
     stopped in. Collective: every rank must call it. Simulated learners (``hook_state`` an
-    :class:`~training.simulated.AllWorkers`) store each worker's state as a rank's; they
-    checkpoint at epoch ends only.
+    :class:`~training.simulated.AllWorkers`) store each worker's state as a rank's, and the
+    process's ``progress`` with worker 0's.
     """
     per_rank = _rank_states(hook_state, progress)
     if dist.get_rank() == 0:
@@ -70,10 +70,10 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         hook_state.load_rank_states([
             {"rng": r["rng"], "compressor": _map_tensors(r["compressor"], lambda t: t.to(device))}
             for r in ckpt["per_rank"]])
-        return int(ckpt["epoch"]), float(ckpt["elapsed_s"]), None
+        return int(ckpt["epoch"]), float(ckpt["elapsed_s"]), ckpt["per_rank"][0].get("progress")
     mine = ckpt["per_rank"][dist.get_rank()]
     hook_state.load_state_dict(_map_tensors(mine["compressor"], lambda t: t.to(device)))
-    _set_rng_state(mine["rng"])
+    rng.restore(mine["rng"])
     return int(ckpt["epoch"]), float(ckpt["elapsed_s"]), mine.get("progress")
 
 
@@ -81,38 +81,15 @@ def _rank_states(hook_state: HookState | AllWorkers, progress: dict[str, Any] | 
                  ) -> list[Any]:
     """Every rank's own state, in rank order (a DDP job gathers it; simulated learners hold
     it all)."""
-    if isinstance(hook_state, AllWorkers):
-        if progress is not None:
-            raise ValueError("simulated learners checkpoint at epoch ends only")
-        return _to_cpu(hook_state.rank_states())
-    mine = {"rng": _rng_state(), "compressor": _to_cpu(hook_state.state_dict()),
+    if isinstance(hook_state, AllWorkers):  # the process's progress goes with worker 0's part
+        per_rank = _to_cpu(hook_state.rank_states())
+        per_rank[0]["progress"] = _to_cpu(progress)
+        return per_rank
+    mine = {"rng": rng.capture(cuda=True), "compressor": _to_cpu(hook_state.state_dict()),
             "progress": _to_cpu(progress)}
-    per_rank: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, mine)
-    return per_rank
-
-
-def seed_everything(seed: int, rank: int, deterministic: bool) -> None:
-    """Seed Python, NumPy and torch; ``rank`` offsets the data-side seeds (model init uses 0).
-
-    (Here rather than in run.py: submitit pickles run.py's functions by value, and
-    ``torch.backends.cudnn`` is a module object that cannot be pickled so.)
-    """
-    s = rank_seed(seed, rank)
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-    if deterministic:
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        # torch.use_deterministic_algorithms(True, warn_only=True) without its import of
-        # torch._inductor (seconds of start-up, for the flag of torch.compile, unused here).
-        torch._C._set_deterministic_algorithms(True, warn_only=True)
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """The data-side seed of rank ``rank`` (of a simulated worker too)."""
-    return int(seed) * 1000 + rank
+    per_rank: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, per_rank, dst=0)  # only rank 0 writes them
+    return per_rank or []
 
 
 # Config keys that do not change a run's results: a resumed run may differ from its checkpoint
@@ -189,7 +166,7 @@ def _read_whole(path: Path) -> dict[str, Any]:
         if bad is not None:
             raise ConfigError(f"resume: {path} is corrupt (its record {bad} fails its CRC "
                               f"check); {hint}")
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        ckpt = record.load_checkpoint(path, mmap=True)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 (zipfile, pickle and torch raise many types)
@@ -200,22 +177,6 @@ def _read_whole(path: Path) -> dict[str, Any]:
         raise ConfigError(f"resume: {path} is not a checkpoint of this suite (no "
                           f"{', '.join(missing)}); {hint}")
     return ckpt
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -192,7 +192,8 @@ def _check_trainer(t: Any, world_size: int) -> None:
         check_int(t.workers, "trainer.workers", 1, MAX_SIMULATED)
     check_int(t.batch_size, "trainer.batch_size", 1)
     check_int(t.eval_batch_size, "trainer.eval_batch_size", 1)
-    check_int(t.num_workers, "trainer.num_workers", 0, MAX_WORKERS)
+    if t.num_workers is not None:  # null: from the CPUs the rank has (training/tasks.py)
+        check_int(t.num_workers, "trainer.num_workers", 0, MAX_WORKERS)
     if t.batch_size % world_size:
         raise ConfigError(f"trainer.batch_size: the global batch {t.batch_size} must be divisible "
                           f"by the world size {world_size}")
@@ -208,6 +209,7 @@ def _check_trainer(t: Any, world_size: int) -> None:
     check_number(t.bucket_cap_mb, "trainer.bucket_cap_mb", 0, MAX_BUCKET_MB, low_open=True)
     if t.progress != "auto" and not isinstance(t.progress, bool):
         raise ConfigError(f"trainer.progress: expected auto, true or false, got {t.progress!r}")
+    check_number(t.progress_every_s, "trainer.progress_every_s", 0, low_open=True)
     check_bool(t.deterministic, "trainer.deterministic")
     signals.check_names(t.preempt_signals)
     check_int(t.preempt_check_every, "trainer.preempt_check_every", 1)

@@ -128,7 +128,7 @@ def prepare(cfg: Any, run_dir: Path, action: Action) -> None:
     if action is Action.RERUN:
         attic = _next_free(run_dir / FAILED_DIR)
         attic.mkdir(parents=True)
-        for name in (record.METRICS, record.SUMMARY, record.CHECKPOINT):
+        for name in (record.METRICS, record.SUMMARY, record.CHECKPOINT, record.STARTS):
             if (run_dir / name).exists():
                 shutil.move(run_dir / name, attic / name)
     resolved = OmegaConf.to_yaml(_resolved(cfg))

@@ -11,7 +11,8 @@ How a step runs (:meth:`SimulatedWorkers.step`):
 1. worker by worker, forward and backward through a real ``DistributedDataParallel`` over this
    process's world-size-1 group, whose comm hook (:class:`_Recorder`) keeps a copy of each
    bucket and hands it back unchanged: the buckets are exactly those of a real DDP job (DDP
-   builds them, and rebuilds them after the first step, from the same model);
+   builds them from the same model, laid out for good before the first step:
+   :mod:`training.buckets`);
 2. bucket by bucket, each worker's :class:`~compression.hook.HookState` aggregates its copy; the
    i-th collectives of the W workers meet in memory, so every worker ends with the mean;
 3. worker 0's result becomes the gradient of the one model, and the one optimizer steps.
@@ -31,7 +32,7 @@ every worker reads (:class:`~compression.comm.SimComm`), not a copy per worker.
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -42,11 +43,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 from compression.comm import SimComm
-from compression.hook import HookState
+from compression.hook import HookState, Probe
 from compression.overlap import OverlapProbe
+from core import rng
 from core.distributed import DistEnv
+from training import buckets
 
 Bucket = tuple[list[nn.Parameter], torch.Tensor, list[torch.Tensor]]  # params, buffer, views
+T = TypeVar("T")
 
 
 class _Recorder:
@@ -90,6 +94,11 @@ class AllWorkers:
         for state in self.states:
             state.set_levels(levels)
 
+    def add_probe(self, make: Callable[[], Probe]) -> Probe:
+        """A probe on every worker, as every rank of a DDP job adds its own (they meet in the
+        probe's collectives); worker 0's is returned (rank 0's results are recorded)."""
+        return [state.add_probe(make) for state in self.states][0]
+
     def reset_epoch(self, epoch: int | None = None) -> None:
         """Start every worker's epoch sums."""
         for state in self.states:
@@ -107,6 +116,15 @@ class AllWorkers:
         """Worker 0's first non-finite Delta_e (only worker 0 keeps Delta_e: a non-finite
         gradient elsewhere reaches worker 0 through the mean one step later)."""
         return self.states[0].nonfinite()
+
+    def epoch_state_dict(self) -> list[dict[str, Any]]:
+        """Every worker's sums of the epoch so far (a mid-epoch checkpoint's)."""
+        return [state.epoch_state_dict() for state in self.states]
+
+    def load_epoch_state_dict(self, saved: list[dict[str, Any]], device: torch.device) -> None:
+        """Continue the epoch :meth:`epoch_state_dict` saved."""
+        for state, mine in zip(self.states, saved, strict=True):
+            state.load_epoch_state_dict(mine, device)
 
     def rank_states(self) -> list[dict[str, Any]]:
         """Every worker's own state: RNG streams and compressor memories (a rank's part of a
@@ -130,29 +148,16 @@ class WorkerRNG:
             random.seed(seed)
             np.random.seed(seed)
             torch.manual_seed(seed)
-            self.states.append(capture())
+            self.states.append(rng.capture())
 
     @contextmanager
     def worker(self, w: int) -> Iterator[None]:
         """Inside: worker ``w``'s RNG streams; afterwards, where it left them."""
-        restore(self.states[w])
+        rng.restore(self.states[w])
         try:
             yield
         finally:
-            self.states[w] = capture()
-
-
-def capture() -> dict[str, Any]:
-    """The process's RNG states."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
-
-
-def restore(state: dict[str, Any]) -> None:
-    """Set the process's RNG states to ``state``."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+            self.states[w] = rng.capture()
 
 
 class SimulatedWorkers:
@@ -172,6 +177,7 @@ class SimulatedWorkers:
         self.world_size = len(tasks)
         self.model, self.tasks = model, tasks
         self.ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)  # world size 1: real DDP buckets
+        buckets.settle(self.ddp, tasks[0])  # the final buckets from the first step on
         self.recorder = _Recorder()
         self.ddp.register_comm_hook(self.recorder, _record)
         compressor = compression.build_compressor(compressor_cfg)  # one, shared by all
@@ -187,20 +193,18 @@ class SimulatedWorkers:
         self.hook_state = AllWorkers(self.states, self.rng)
 
     # ---- a step --------------------------------------------------------------------------
-    def step(self, local_backward: Callable[[int], None]) -> None:
+    def step(self, local_backward: Callable[[int], T]) -> list[T]:
         """One optimizer step's gradients: ``local_backward(w)`` runs worker w's forward and
         backward through :attr:`ddp` (with its RNG streams swapped in); afterwards every
-        parameter's ``.grad`` holds the aggregate, as after a DDP job's backward."""
-        recorded, buffers = [], [b.detach().clone() for b in self.model.buffers()]
+        parameter's ``.grad`` holds the aggregate, as after a DDP job's backward. Returns what
+        each worker's ``local_backward`` returned."""
+        recorded, results, buffers = [], [], [b.detach().clone() for b in self.model.buffers()]
         for w in range(self.world_size):
             self.recorder.buckets = []
             self.model.zero_grad(set_to_none=True)  # worker w's own gradient
             with self.rng.worker(w):
-                local_backward(w)
-            # DDP rebuilds its buckets after its first backward: lay every worker's gradients
-            # out in worker 0's buckets, as every rank of a real job has the same ones.
-            recorded.append(self.recorder.buckets if w == 0 else
-                            _relayout(self.recorder.buckets, recorded[0]))
+                results.append(local_backward(w))
+            recorded.append(self.recorder.buckets)  # the same buckets for every worker
             if w == 0:
                 buffers = [b.detach().clone() for b in self.model.buffers()]
             else:                                   # running statistics: worker 0's
@@ -218,6 +222,7 @@ class SimulatedWorkers:
             state.step += 1
         for params, _, views in recorded[0]:        # every worker holds the same mean
             torch._foreach_copy_([p.grad for p in params], views)
+        return results
 
     # ---- what run.py's loop needs besides the step ------------------------------------------
     def set_batch_size(self, batch_size: int) -> None:
@@ -245,15 +250,3 @@ class SimulatedWorkers:
 def simulated_envs(world_size: int) -> list[DistEnv]:
     """The (rank, world size) every simulated worker sees, as its tasks shard the data."""
     return [DistEnv(w, world_size, 0, "simulated") for w in range(world_size)]
-
-
-def _relayout(buckets: list[Bucket], like: list[Bucket]) -> list[Bucket]:
-    """The gradients of ``buckets`` laid out in the buckets of ``like`` (same parameters)."""
-    grads = {id(p): g for params, _, views in buckets for p, g in zip(params, views,
-                                                                      strict=True)}
-    out = []
-    for params, _, _ in like:
-        buffer = torch.cat([grads[id(p)].reshape(-1) for p in params])
-        out.append((params, buffer, [v.view_as(p) for v, p in zip(
-            buffer.split([p.numel() for p in params]), params, strict=True)]))
-    return out

@@ -13,25 +13,39 @@ crossed with ``hydra.sweeper.params`` (like Hydra's basic sweeper). On the comma
 
 :func:`make_plan` composes every run's config (through the caller's ``compose``), finds its
 deterministic directory, what starting it would do (:mod:`training.runs`) and its compute
-(model FLOPs on the meta device), and :meth:`Plan.describe` prints that before a sweep launches.
+(model FLOPs on the meta device), and :meth:`Plan.describe` prints that before a sweep launches;
+:meth:`Plan.show` prints each run's resolved config, or its difference from the defaults.
+
+Composing is most of a plan's time, so runs that select the same config groups are composed once
+(:func:`compose_runs`): their other overrides (``seed=1``, ``trainer.epochs=5``) set values, which
+Hydra applies after composing, and are applied the same way to a copy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import hashlib
 import itertools
+import json
+import os
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.flop_counter import FlopCounterMode
 
 import data
 import models
+from compression._native import cache_dir
 from core.errors import ConfigError
+from core.record import flatten
 from training import runs
 
 GROUP_ONLY = ("scales",)  # group keys that select, not override
@@ -44,6 +58,7 @@ NOMINAL_SIZES = {
 GPU_FLOPS = 5e12    # assumed sustained FLOP/s of one GPU (fp32, V100 class), for the estimate
 CPU_FLOPS = 20e9    # assumed sustained FLOP/s of one CPU core on the tiny models (measured ~25)
 START_S = 15.0      # process start, data and model set-up per run (tiny scale)
+SHOW_MODES = ("config", "diff")  # what Plan.show prints per run (make plan SHOW=...)
 
 
 def _values(key: str, value: Any, parser: OverridesParser, prefix: str = "") -> list[str]:
@@ -132,6 +147,27 @@ class Plan:
                  f"about {self._device_time(flops)}"]
         return "\n".join(lines)
 
+    def show(self, mode: str, defaults: DictConfig | None = None) -> str:
+        """Each run's resolved config (``mode="config"``: what its ``config.yaml`` will hold) or
+        the keys where it differs from ``defaults`` (``mode="diff"``: ``key: default -> run``,
+        values as JSON)."""
+        if mode not in SHOW_MODES:
+            raise ConfigError(f"hydra.sweeper.show: {mode!r}; expected one of {list(SHOW_MODES)}")
+        base = flatten(resolved(defaults)) if defaults is not None else {}
+        blocks = []
+        for num, job in enumerate(self.jobs, 1):
+            action = job.action.value if job.action is not None else "refused"
+            head = f"run {num}/{len(self.jobs)}: {job.run_dir} ({action})"
+            if mode == "config":
+                body = OmegaConf.to_yaml(resolved(job.cfg)).rstrip("\n").split("\n")
+            else:
+                ours = flatten(resolved(job.cfg))
+                body = [f"{key}: {_shown(base, key)} -> {_shown(ours, key)}"
+                        for key in sorted(base.keys() | ours.keys())
+                        if base.get(key, ...) != ours.get(key, ...)]
+            blocks.append("\n".join([head, *("  " + line for line in body)]))
+        return "\n".join(blocks)
+
     def _device_time(self, flops: float) -> str:
         if self.scale == "tiny":
             minutes = flops / CPU_FLOPS / 60 + len(self.todo()) * START_S * self.workers / 60
@@ -143,12 +179,14 @@ class Plan:
 
 
 def make_plan(name: str, scale: str | None, workers: int, job_overrides: list[list[str]],
-              compose: Callable[[list[str]], DictConfig]) -> Plan:
-    """Compose every run and find what launching it would do."""
+              compose: Callable[[list[str]], DictConfig],
+              is_group: Callable[[str], bool] | None = None) -> Plan:
+    """Compose every run (:func:`compose_runs`) and find what launching it would do."""
     plan = Plan(name, scale, workers)
     flops_cache: dict[str, float] = {}
-    for num, overrides in enumerate(job_overrides):
-        cfg = compose(overrides)
+    for num, (overrides, cfg) in enumerate(zip(job_overrides,
+                                               compose_runs(job_overrides, compose, is_group),
+                                               strict=True)):
         with open_dict(cfg):
             cfg.hydra.job.num = num
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
@@ -160,6 +198,55 @@ def make_plan(name: str, scale: str | None, workers: int, job_overrides: list[li
         job.flops = run_flops(cfg, flops_cache)
         plan.jobs.append(job)
     return plan
+
+
+def compose_runs(job_overrides: list[list[str]], compose: Callable[[list[str]], DictConfig],
+                 is_group: Callable[[str], bool] | None = None) -> list[DictConfig]:
+    """Every run's config, composing once per selection of config groups.
+
+    ``is_group(key)`` tells a config group from a config key (Hydra's test: the config repository's
+    ``group_exists``). An override that selects a group (``model=resnet18``) changes what is
+    composed; any other (``seed=1``, ``trainer.epochs=5``, a dict value) sets a value, which Hydra
+    applies to the composed config with ``ConfigLoaderImpl._apply_overrides_to_config``. Runs of
+    the same groups are composed once and get their values applied the same way to a copy: the
+    run's config is Hydra's, except that ``hydra.overrides.task`` and
+    ``hydra.job.override_dirname`` list only the group overrides. Without ``is_group`` every run
+    is composed whole.
+    """
+    if is_group is None:
+        return [compose(list(overrides)) for overrides in job_overrides]
+    parser = OverridesParser.create()
+    bases: dict[tuple[str, ...], DictConfig] = {}
+    out = []
+    for overrides in job_overrides:
+        groups: list[str] = []
+        values = []
+        for override in parser.parse_overrides(list(overrides)):
+            if isinstance(override.value(), dict) or not is_group(override.key_or_group):
+                values.append(override)  # Hydra's own split (hydra/_internal/defaults_list.py)
+            else:
+                groups.append(override.input_line)
+        if (key := tuple(groups)) not in bases:
+            bases[key] = compose(groups)
+        cfg = copy.deepcopy(bases[key])
+        # Hydra's own step (private; hydra-core is pinned to 1.3.x, and tests/test_plan.py
+        # compares the result with Hydra's whole composition).
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        out.append(cfg)
+    return out
+
+
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    """A composed config as plain data, interpolations resolved, without Hydra's own node: what
+    a run records in ``config.yaml``."""
+    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    out = OmegaConf.to_container(task, resolve=True)
+    assert isinstance(out, dict)
+    return out
+
+
+def _shown(flat: dict[str, Any], key: str) -> str:
+    return json.dumps(flat[key]) if key in flat else "(absent)"
 
 
 def check_directories(plan: Plan) -> None:
@@ -193,20 +280,61 @@ def run_flops(cfg: DictConfig, cache: dict[str, float] | None = None) -> float:
 
 
 def _forward_flops(cfg: DictConfig) -> float:
-    """FLOPs of one example's forward pass (one token's, for language models)."""
+    """FLOPs of one example's forward pass (one token's, for language models), kept in
+    :func:`flops_cache` across plans: counting them imports torch._dynamo (FlopCounterMode is a
+    dispatch mode), about a second of every plan otherwise."""
     kwargs = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(kwargs, dict)
+    language = cfg.dataset.task == "language_model"
+    shape = [int(cfg.dataset.bptt)] if language else list(cfg.dataset.input_shape)
+    key = hashlib.sha256(json.dumps([torch.__version__, _models_digest(), kwargs, language, shape],
+                                    sort_keys=True, default=str).encode()).hexdigest()
+    known = _read_flops_cache()
+    if key not in known:
+        known[key] = _count_flops(kwargs, language, shape)
+        _write_flops_cache(known)
+    return known[key]
+
+
+def _count_flops(kwargs: dict[str, Any], language: bool, shape: list[int]) -> float:
     with torch.device("meta"):
-        model = models.build(**kwargs)  # type: ignore[arg-type]
-        if cfg.dataset.task == "language_model":
-            steps = int(cfg.dataset.bptt)
-            x = torch.zeros(1, steps, dtype=torch.long)
-        else:
-            steps = 1
-            x = torch.empty(1, *cfg.dataset.input_shape)
+        model = models.build(**kwargs)
+        x = torch.zeros(1, *shape, dtype=torch.long) if language else torch.empty(1, *shape)
     with FlopCounterMode(display=False) as counter:
         model(x)
-    return counter.get_total_flops() / steps
+    return counter.get_total_flops() / (shape[0] if language else 1)
+
+
+def _models_digest() -> str:
+    """A hash of the models' sources: a cached count stands only for the code that made it."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(models.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def flops_cache() -> Path:
+    """The file of forward FLOPs counted so far, beside the C kernels' builds (keyed by the
+    torch version, the models' sources, the model's config and the input's shape)."""
+    return cache_dir() / "flops.json"
+
+
+def _read_flops_cache() -> dict[str, float]:
+    try:
+        known = json.loads(flops_cache().read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _write_flops_cache(known: dict[str, float]) -> None:
+    """Best effort, atomically (a plan beside another may write at the same time)."""
+    path = flops_cache()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as tmp:
+            json.dump(known, tmp)
+        os.replace(tmp.name, path)
 
 
 def _sizes(dataset: DictConfig) -> tuple[int, int]:

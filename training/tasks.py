@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
 from core.distributed import DistEnv
 from core.errors import ConfigError
@@ -38,6 +39,11 @@ class Task:
 
     def set_carry(self, carry: Any) -> None:
         """Continue an epoch with the :meth:`carry` saved part-way through it."""
+
+    def probe_batch(self) -> Any:
+        """A small batch of this rank's test shard, read without randomness: what
+        :func:`training.buckets.settle` runs one backward on."""
+        raise NotImplementedError
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """The test metrics of ``model`` over every rank's shard (one all-reduce)."""
@@ -61,8 +67,9 @@ class Classification(Task):
     metric = "test/accuracy"
 
     def __init__(self, bundle: DataBundle, env: DistEnv, batch_size: int, eval_batch_size: int,
-                 num_workers: int, seed: int, device: torch.device) -> None:
-        self.env, self.device, self.num_workers = env, device, num_workers
+                 num_workers: int | None, seed: int, device: torch.device) -> None:
+        self.env, self.device = env, device
+        self.num_workers = data_workers(num_workers, device, env)
         self.train = bundle.train
         self.sampler = _ResumableSampler(bundle.train, env.world_size, env.rank, shuffle=True,
                                          seed=seed, drop_last=True)
@@ -72,7 +79,7 @@ class Classification(Task):
         self.batch_size = 0
         self.set_batch_size(batch_size)
         shard = Subset(bundle.test, range(env.rank, len(bundle.test), env.world_size))
-        self.test_loader = DataLoader(shard, eval_batch_size, num_workers=num_workers,
+        self.test_loader = DataLoader(shard, eval_batch_size, num_workers=self.num_workers,
                                       pin_memory=device.type == "cuda")
 
     def set_batch_size(self, batch_size: int) -> None:
@@ -86,6 +93,11 @@ class Classification(Task):
                                        drop_last=True, pin_memory=self.device.type == "cuda",
                                        persistent_workers=self.num_workers > 0,
                                        generator=self.loader_rng)
+
+    def probe_batch(self) -> Any:
+        """The first (at most) 2 examples of this rank's test shard, collated."""
+        shard = self.test_loader.dataset
+        return default_collate([shard[i] for i in range(min(2, len(shard)))])
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch (the same on every rank)."""
@@ -122,7 +134,7 @@ class Classification(Task):
         model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         for x, y in self.test_loader:
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             logits = model(x)
             totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
             totals[1] += (logits.argmax(1) == y).sum()
@@ -164,6 +176,10 @@ class LanguageModel(Task):
         rows = len(stream) // columns
         # Standard recipe: drop the tail, lay the stream out as `columns` parallel sequences.
         return stream[: rows * columns].view(columns, rows).to(self.device)
+
+    def probe_batch(self) -> Any:
+        """The first BPTT window of this rank's test stream."""
+        return next(_windows(self.test, self.bptt))
 
     def steps_per_epoch(self) -> int:
         """BPTT windows per epoch."""
@@ -222,6 +238,24 @@ class LanguageModel(Task):
         return {"test/loss": loss, "test/perplexity": math.exp(min(loss, 700.0))}
 
 
+class FixedBatch(Task):
+    """Cross-entropy on one fixed batch ``(x, y)``: the least of a task, for code that drives
+    DDP itself (benchmarks, tests) and needs :func:`training.buckets.settle`'s probe."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def probe_batch(self) -> Any:
+        """The batch itself."""
+        return self.x, self.y
+
+    @staticmethod
+    def loss(model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
+        """Mean cross-entropy over the batch and its size."""
+        x, y = batch
+        return F.cross_entropy(model(x), y), len(y)
+
+
 def check_batches(bundle: DataBundle, batch_sizes: dict[str, int], eval_batch_size: int,
                   world_size: int) -> None:
     """ConfigError naming the field if a global batch the run may use (``batch_sizes``: field
@@ -247,6 +281,35 @@ def _check_columns(tokens: int, columns: int, field: str) -> None:
     if tokens // columns < 2:
         raise ConfigError(f"{field}: {columns} sequences per rank leave fewer than 2 tokens per "
                           f"sequence of a {tokens}-token shard")
+
+
+def data_workers(requested: int | None, device: torch.device, env: DistEnv,
+                 environ: Mapping[str, str] = os.environ) -> int:
+    """DataLoader worker processes per rank for ``trainer.num_workers`` (``requested``).
+
+    A number is taken as it is. null (the default): none on the CPU, where the ranks' own
+    compute takes the cores (and a run is bit for bit what it was without workers), nor for
+    simulated learners (W loaders in one process); on a GPU, every CPU this rank has but one,
+    which the training process keeps: :func:`rank_cpus`.
+    """
+    if requested is not None:
+        return int(requested)
+    if device.type != "cuda" or env.launcher == "simulated":
+        return 0
+    return max(rank_cpus(environ) - 1, 0)
+
+
+def rank_cpus(environ: Mapping[str, str] = os.environ) -> int:
+    """The CPUs one rank of this job may use: Slurm's ``--cpus-per-task``
+    (``SLURM_CPUS_PER_TASK``, which ``cpus_per_task`` in conf/launcher/slurm.yaml sets), else
+    the CPUs this process may run on (``os.sched_getaffinity``) shared by the ranks started on
+    this node together (torchrun's ``LOCAL_WORLD_SIZE``, submitit's local ``tasks_per_node``).
+    """
+    if environ.get("SLURM_CPUS_PER_TASK"):
+        return int(environ["SLURM_CPUS_PER_TASK"])
+    local_ranks = int(environ.get("LOCAL_WORLD_SIZE") or environ.get("SUBMITIT_LOCAL_NTASKS")
+                      or 1)
+    return max(len(os.sched_getaffinity(0)) // local_ranks, 1)
 
 
 def make_task(bundle: DataBundle, env: DistEnv, cfg: Any, device: torch.device

@@ -14,7 +14,7 @@ run.py picks one at the start (:func:`build`) and drives both alike: each step i
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,10 +24,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 from compression.hook import comm_hook
 from core.distributed import DistEnv
+from core.rng import rank_seed
 from data import DataBundle
-from training.checkpoint import rank_seed
+from training import buckets
 from training.simulated import SimulatedWorkers, simulated_envs
 from training.tasks import make_task
+
+T = TypeVar("T")
 
 
 class Rank:
@@ -41,12 +44,14 @@ class Rank:
                        bucket_cap_mb=float(cfg.trainer.bucket_cap_mb))
         self.hook_state = compression.build(cfg.compressor, model.named_parameters(),
                                             overlap=compression.overlap.from_config(cfg.observe))
+        buckets.settle(self.ddp, self.tasks[0])  # the final buckets from the first step on
         self.ddp.register_comm_hook(self.hook_state, comm_hook)
 
     @staticmethod
-    def step(local_backward: Callable[[int], None]) -> None:
-        """This rank's backward; DDP's hook aggregates while it runs."""
-        local_backward(0)
+    def step(local_backward: Callable[[int], T]) -> list[T]:
+        """This rank's forward and backward (``local_backward(0)``); DDP's hook aggregates
+        while it runs. Returns what it returned, as the one worker's."""
+        return [local_backward(0)]
 
     def set_batch_size(self, batch_size: int) -> None:
         """Global batch ``batch_size`` from the next epoch on."""

@@ -12,6 +12,8 @@ killed, out of memory) and exit status 1.
     python run.py -m sweep=table1 scale=tiny                  # every run of the table
     python run.py -m sweep=table1 model=resnet18 seed=0       # part of it
     python run.py -m sweep=table1 hydra.sweeper.dry_run=true  # the plan only
+    python run.py -m sweep=table1 hydra.sweeper.dry_run=true hydra.sweeper.show=diff
+                                     # ... and each run's config against the defaults (or: config)
 """
 
 # No `from __future__ import annotations`: Hydra loads plugin modules without registering them in
@@ -25,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
+from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -36,6 +38,7 @@ class RunsSweeperConf:
     params: dict[str, Any] = field(default_factory=dict)  # crossed with every group
     dry_run: bool = False                              # print the plan, launch nothing
     max_batch_size: int | None = None                  # runs handed to the launcher at once
+    show: str | None = None            # config | diff: each run's resolved config, or its diff
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="runs", node=RunsSweeperConf,
@@ -46,11 +49,11 @@ class RunsSweeper(Sweeper):
     """Union of run groups; plans, checks data, skips completed runs, then launches."""
 
     def __init__(self, groups: list[Any], params: dict[str, Any], dry_run: bool = False,
-                 max_batch_size: int | None = None) -> None:
+                 max_batch_size: int | None = None, show: str | None = None) -> None:
         self.groups = [OmegaConf.to_container(g) if OmegaConf.is_config(g) else g
                        for g in groups]
         self.params = dict(params or {})
-        self.dry_run, self.max_batch_size = dry_run, max_batch_size
+        self.dry_run, self.max_batch_size, self.show = dry_run, max_batch_size, show
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
@@ -71,11 +74,18 @@ class RunsSweeper(Sweeper):
         assert self.launcher is not None
         cfg = self.config
         loader = self.hydra_context.config_loader
+
+        def compose(overrides: list[str]) -> DictConfig:
+            return loader.load_sweep_config(cfg, overrides)
+
         try:
             jobs = sweeps.expand(self.groups, self.params, arguments, cfg.get("scale"))
             plan = sweeps.make_plan(str(cfg.get("sweep")), cfg.get("scale"), _workers(cfg), jobs,
-                                    lambda overrides: loader.load_sweep_config(cfg, overrides))
+                                    compose, loader.repository.group_exists)
             print(plan.describe(), flush=True)
+            if self.show:  # diff: against `python run.py` without overrides
+                defaults = loader.load_configuration(cfg.hydra.job.config_name, [], RunMode.RUN)
+                print(plan.show(self.show, defaults), flush=True)
             sweeps.check_directories(plan)
             sweeps.check_data(plan)
         except ConfigError as exc:

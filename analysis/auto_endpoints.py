@@ -1,0 +1,444 @@
+"""Issue 30's measurement: Accordion with measured endpoints against the hand-picked ones and a
+grid of fixed levels (conf/sweep/auto_endpoints.yaml), and what the automatic runs measured.
+
+    python -m analysis.auto_endpoints [RUNS] [--scale tiny] [--out results/auto]
+    python -m analysis.auto_endpoints whatif RUN_DIR [--rule budget --budget 0.05 ...]
+
+From the sweep's completed runs (the others are listed in ``skipped.csv``), per case (a paper
+setting: Table 1 ResNet-18, Table 3 ResNet-18, Table 4 LSTM, Fig. 9 VGG-19bn, Fig. 10 batches)
+and method, writes to ``--out``:
+
+- ``table.{md,csv}``: final metric and data sent, mean and 95% confidence interval over seeds
+  (Student's t with n - 1 degrees of freedom), the data relative to each case's hand-picked
+  Accordion, and the method's kind (``auto``, ``hand-picked``, ``fixed``). The data sent of an
+  automatic run includes what its probe's collectives carried (``auto/probe_bits/model``);
+- ``verdict.{md,csv}``: each automatic method against each hand-picked Accordion and the best
+  fixed level of the case: the metric difference and its interval, the data ratio, and whether
+  the automatic run "reaches the hand-picked metric within its seed spread (one std) at no more
+  bits", "does better" (its interval entirely on the good side), or neither;
+- ``metric_vs_bits.png``: the final metric against the data sent, one panel per case, every
+  method with its 95% intervals on both axes, the automatic runs beside the hand-picked ones;
+- ``measurements.png``: per case, the lowest seed's automatic run: for levels, the harm h of
+  every candidate level (median over layers, the rule ``noise``'s statistic, see
+  :mod:`schedulers.accordion_auto`) at each measured epoch with the fractions it was held to,
+  and the share of layers at each level per epoch; for the batch, the measured noise scale
+  B_simple and the chosen B_high per measured epoch.
+
+``whatif`` replays one automatic run's logged statistics under another rule, fractions or budget
+(:func:`schedulers.accordion_auto.replay_levels`) and prints per epoch the levels it would have
+used and the estimated payload, next to the run's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy import stats as scipy_stats  # noqa: E402 (scikit-learn's dependency)
+
+import compression  # noqa: E402
+from analysis.claims import load_sweep  # noqa: E402
+from analysis.load import (
+    Frames,  # noqa: E402
+    layer_columns,  # noqa: E402
+)
+from analysis.tables import (
+    markdown,  # noqa: E402
+    run_stats,  # noqa: E402
+)
+from analysis.whatif import load_run  # noqa: E402
+from core.errors import ConfigError  # noqa: E402
+from core.lr import lr_at  # noqa: E402
+from schedulers.accordion_auto import (  # noqa: E402
+    MODEL,
+    RULES,
+    Chooser,
+    candidates,
+    level_key,
+    replay_levels,
+)
+
+SWEEP = "auto_endpoints"
+KEPT = ("completed", "diverged")  # a diverged run is a result of its setting, not a lost run
+CASES = {  # (benchmark, model, compressor) -> the paper setting it stands for
+    ("cifar10", "resnet18", "powersgd"): "Table 1: ResNet-18, PowerSGD",
+    ("cifar10", "resnet18", "topk"): "Table 3: ResNet-18, Top-K",
+    ("wikitext2", "lstm", "topk"): "Table 4: LSTM, Top-K",
+    ("cifar100", "vgg19bn", "powersgd"): "Fig. 9: VGG-19bn, PowerSGD",
+    ("cifar10", "resnet18", "none"): "Fig. 10: ResNet-18, batch size",
+}
+KINDS = ("fixed", "hand-picked", "auto")
+MARKERS = {"fixed": "o", "hand-picked": "s", "auto": "*"}
+CONFIDENCE = 0.95
+
+
+# ---- numbers --------------------------------------------------------------------------------
+def kind(method: str) -> str:
+    """``auto`` (accordion_auto / accordion_batch_auto), ``hand-picked`` (Accordion's own
+    endpoints) or ``fixed`` (one level, or one batch, all run)."""
+    if method.startswith("auto_"):
+        return "auto"
+    return "hand-picked" if method.startswith("accordion") else "fixed"
+
+
+def case_of(runs: pd.DataFrame) -> pd.Series:
+    """Each run's case label (benchmark, model, compressor; unknown ones named by those)."""
+    bench = runs["benchmark"].fillna(runs["dataset.name"]) if "benchmark" in runs \
+        else runs["dataset.name"]
+    keys = zip(bench, runs["model.name"], runs["compressor.name"], strict=True)
+    return pd.Series([CASES.get(k, " ".join(map(str, k))) for k in keys], index=runs.index)
+
+
+def interval(values: pd.Series) -> tuple[float, float, float, int]:
+    """Mean, std (n - 1) and the half-width of its 95% t-interval, and n (NaN where n < 2)."""
+    values = values.dropna().astype(float)
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    if n == 1:
+        return float(values.iloc[0]), math.nan, math.nan, 1
+    std = float(values.std(ddof=1))
+    half = float(scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
+    return float(values.mean()), std, half, n
+
+
+def per_run(frames: Frames) -> pd.DataFrame:
+    """One row per run: case, method, kind, seed, metric, final, bits (with the probe's)."""
+    stats = run_stats(frames)
+    probe = (frames.epochs.groupby("run_id")[f"auto/probe_bits/{MODEL}"].sum()
+             if f"auto/probe_bits/{MODEL}" in frames.epochs else pd.Series(dtype=float))
+    cases = pd.Series(case_of(frames.runs).to_numpy(), index=frames.runs["run_id"])
+    out = stats[["run_id", "method", "seed", "metric", "final", "bits"]].copy()
+    out["bits"] = out["bits"] + out["run_id"].map(probe).fillna(0.0)
+    out["case"] = out["run_id"].map(cases)
+    out["kind"] = out["method"].map(kind)
+    return out
+
+
+def group_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per case and method: seeds, final metric and bits (mean, std, 95% half-width), bits
+    relative to the case's hand-picked Accordion (the first one, in method order)."""
+    rows = []
+    for (case, method), group in runs.groupby(["case", "method"], sort=True):
+        final = interval(group["final"])
+        bits = interval(group["bits"])
+        rows.append({"case": case, "method": method, "kind": kind(method),
+                     "metric": group["metric"].iloc[0], "seeds": final[3],
+                     "final_mean": final[0], "final_std": final[1], "final_ci": final[2],
+                     "bits_mean": bits[0], "bits_ci": bits[2]})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    hand = table[table["kind"] == "hand-picked"].groupby("case")["bits_mean"].first()
+    table["bits_vs_hand"] = table["bits_mean"] / table["case"].map(hand)
+    order = table["kind"].map(KINDS.index)
+    return table.assign(_o=order).sort_values(["case", "_o", "method"]).drop(columns="_o") \
+        .reset_index(drop=True)
+
+
+def better(metric: str) -> int:
+    """+1 where a larger metric is better (accuracy), -1 where smaller is (perplexity)."""
+    return -1 if "perplexity" in metric else 1
+
+
+def verdict_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Each automatic method against each hand-picked one and the best fixed level of its
+    case (see the module doc)."""
+    rows = []
+    for _, auto in table[table["kind"] == "auto"].iterrows():
+        same = table[table["case"] == auto["case"]]
+        sign = better(auto["metric"])
+        fixed = same[same["kind"] == "fixed"]
+        others = [row for _, row in same[same["kind"] == "hand-picked"].iterrows()]
+        if not fixed.empty:  # the best fixed level of the grid
+            others.append(fixed.loc[(sign * fixed["final_mean"]).idxmax()])
+        for other in others:
+            a = runs[(runs["case"] == auto["case"]) & (runs["method"] == auto["method"])]
+            b = runs[(runs["case"] == auto["case"]) & (runs["method"] == other["method"])]
+            diff, half = _difference(a["final"], b["final"])
+            ratio = auto["bits_mean"] / other["bits_mean"]
+            spread = other["final_std"] if not math.isnan(other["final_std"]) else 0.0
+            reaches = sign * diff >= -spread
+            if not math.isnan(half) and sign * diff - half > 0:
+                call = "better"
+            elif reaches and ratio <= 1:
+                call = "reaches it at no more bits"
+            elif reaches:
+                call = "reaches it with more bits"
+            else:
+                call = "worse"
+            rows.append({"case": auto["case"], "auto": auto["method"],
+                         "against": other["method"], "against_kind": other["kind"],
+                         "diff": diff, "diff_ci": half, "spread": spread, "bits_ratio": ratio,
+                         "verdict": call})
+    return pd.DataFrame(rows)
+
+
+def _difference(a: pd.Series, b: pd.Series) -> tuple[float, float]:
+    """mean(a) - mean(b) and the half-width of its 95% Welch interval (NaN: too few seeds)."""
+    a, b = a.dropna().astype(float), b.dropna().astype(float)
+    diff = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return diff, math.nan
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return diff, 0.0
+    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return diff, float(scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, dof)) * se
+
+
+# ---- figures --------------------------------------------------------------------------------
+def plot_metric_vs_bits(table: pd.DataFrame) -> plt.Figure:
+    """Final metric against data sent, a panel per case, 95% intervals on both axes."""
+    cases = list(dict.fromkeys(table["case"]))
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.6 * len(cases), 3.8), squeeze=False)
+    for ax, case in zip(axes[0], cases, strict=True):
+        for _, row in table[table["case"] == case].iterrows():
+            ax.errorbar(row["bits_mean"], row["final_mean"],
+                        xerr=_finite(row["bits_ci"]), yerr=_finite(row["final_ci"]),
+                        marker=MARKERS[row["kind"]], ms=11 if row["kind"] == "auto" else 6,
+                        capsize=3, linestyle="none", label=row["method"])
+        ax.set_xscale("log")
+        ax.set_title(case, fontsize=9)
+        ax.set_xlabel("data sent per worker (bits, probe included)")
+        metric = table[table["case"] == case]["metric"].iloc[0]
+        ax.set_ylabel(metric.split("/")[-1])
+        ax.legend(fontsize=6, loc="best")
+    fig.suptitle(f"Measured endpoints (stars) beside the hand-picked ones (squares) and fixed "
+                 f"levels (dots); bars: {CONFIDENCE:.0%} intervals over seeds", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _finite(x: float) -> float:
+    return 0.0 if math.isnan(x) else x
+
+
+def harm_data(frames: Frames, run_id: str) -> pd.DataFrame:
+    """One automatic run's harm h (rule ``noise``) per measured epoch, layer and level."""
+    epochs = frames.epochs[frames.epochs["run_id"] == run_id]
+    rows = []
+    for column in layer_columns(epochs, "auto/noise"):
+        layer = column.removeprefix("auto/noise/")
+        levels = [c.split("/")[1].removeprefix("error@") for c in epochs.columns
+                  if c.startswith("auto/error@") and c.endswith(f"/{layer}")]
+        for _, row in epochs.dropna(subset=[column]).iterrows():
+            share = row[f"auto/noise/{layer}"] / row[f"auto/local_sq/{layer}"]
+            for level in levels:
+                dropped = row[f"auto/error@{level}/{layer}"] / row[f"auto/corrected_sq/{layer}"]
+                rows.append({"epoch": row["epoch"], "layer": layer, "level": level,
+                             "harm": dropped / share})
+    return pd.DataFrame(rows)
+
+
+def plot_measurements(frames: Frames, runs: pd.DataFrame) -> plt.Figure | None:
+    """Per case, the lowest seed's automatic run: what it measured and chose (module doc)."""
+    autos = runs[runs["kind"] == "auto"].sort_values("seed").groupby(["case", "method"]).head(1)
+    if autos.empty:
+        return None
+    fig, axes = plt.subplots(2, len(autos), figsize=(4.6 * len(autos), 6.4), squeeze=False)
+    config = frames.runs.set_index("run_id")
+    for column, (_, run) in enumerate(autos.iterrows()):
+        top, bottom = axes[0, column], axes[1, column]
+        epochs = frames.epochs[frames.epochs["run_id"] == run["run_id"]].sort_values("epoch")
+        title = f"{run['case']}\n{run['method']} seed {run['seed']}"
+        if layer_columns(epochs, "auto/batch_high"):
+            _plot_batch(top, bottom, epochs)
+        else:
+            _plot_levels(top, bottom, epochs, harm_data(frames, run["run_id"]),
+                         config.loc[run["run_id"]])
+        top.set_title(title, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_levels(top: plt.Axes, bottom: plt.Axes, epochs: pd.DataFrame, harm: pd.DataFrame,
+                 config: pd.Series) -> None:
+    if not harm.empty:
+        for level, group in harm.groupby("level", sort=False):
+            by_epoch = group.groupby("epoch")["harm"]
+            median = by_epoch.median()
+            top.plot(median.index, median.values, marker="o", ms=3, label=f"level {level}")
+            top.fill_between(median.index, by_epoch.quantile(0.25), by_epoch.quantile(0.75),
+                             alpha=0.15)
+        for name in ("fraction_low", "fraction_high"):
+            value = config.get(f"scheduler.{name}")
+            if value is not None and not pd.isna(value):
+                top.axhline(value, ls="--", lw=0.8, color="grey")
+        top.set_yscale("log")
+        top.set_ylabel("h = dropped share / noise share\n(median, IQR over layers)")
+        top.legend(fontsize=6)
+    levels = epochs[layer_columns(epochs, "level")]
+    for value in sorted(pd.unique(levels.values.ravel())):
+        bottom.plot(epochs["epoch"], (levels == value).mean(axis=1), marker=".",
+                    label=f"level {value:g}")
+    critical = epochs[layer_columns(epochs, "critical")].mean(axis=1)
+    bottom.fill_between(epochs["epoch"], 0, critical, color="grey", alpha=0.15,
+                        label="critical share")
+    bottom.set_xlabel("epoch")
+    bottom.set_ylabel("share of layers")
+    bottom.legend(fontsize=6)
+
+
+def _plot_batch(top: plt.Axes, bottom: plt.Axes, epochs: pd.DataFrame) -> None:
+    measured = epochs.dropna(subset=[f"auto/noise_scale/{MODEL}"])
+    top.plot(measured["epoch"], measured[f"auto/noise_scale/{MODEL}"], marker="o",
+             label="B_simple (measured)")
+    top.plot(measured["epoch"], measured[f"auto/batch_high/{MODEL}"], marker="s",
+             label="B_high chosen")
+    top.set_yscale("log")
+    top.set_ylabel("global batch")
+    top.legend(fontsize=6)
+    bottom.plot(epochs["epoch"], epochs["batch_size"], marker=".", label="batch used")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("epoch")
+    bottom.set_ylabel("global batch")
+    bottom.legend(fontsize=6)
+
+
+# ---- output ---------------------------------------------------------------------------------
+def display(table: pd.DataFrame) -> pd.DataFrame:
+    """The strings of ``table.md``."""
+    def pm(mean: float, half: float, digits: int) -> str:
+        if math.isnan(mean):
+            return "n/a"
+        return f"{mean:.{digits}f}" + ("" if math.isnan(half) else f" ± {half:.{digits}f}")
+
+    return pd.DataFrame({
+        "case": table["case"], "method": table["method"], "kind": table["kind"],
+        "seeds": table["seeds"],
+        "final (95% CI)": [pm(m, h, 2) for m, h in zip(table["final_mean"], table["final_ci"],
+                                                        strict=True)],
+        "Mbit sent (95% CI)": [pm(m / 1e6, h / 1e6, 1) for m, h in
+                               zip(table["bits_mean"], table["bits_ci"], strict=True)],
+        "bits vs hand-picked": [f"{x:.2f}" if not math.isnan(x) else "—"
+                                for x in table["bits_vs_hand"]]})
+
+
+def display_verdict(verdict: pd.DataFrame) -> pd.DataFrame:
+    """The strings of ``verdict.md``."""
+    return pd.DataFrame({
+        "case": verdict["case"], "auto": verdict["auto"],
+        "against": verdict["against"] + " (" + verdict["against_kind"] + ")",
+        "metric diff (95% CI)": [f"{d:+.2f}" + ("" if math.isnan(h) else f" ± {h:.2f}")
+                                 for d, h in zip(verdict["diff"], verdict["diff_ci"],
+                                                 strict=True)],
+        "its seed spread": [f"{s:.2f}" for s in verdict["spread"]],
+        "bits ratio": [f"{r:.2f}" for r in verdict["bits_ratio"]],
+        "verdict": verdict["verdict"]})
+
+
+def write(frames: Frames, out: Path) -> list[Path]:
+    """Every output file of the module doc; returns them."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs = per_run(frames)
+    table = group_table(runs)
+    verdict = verdict_table(runs, table)
+    written = []
+    for name, numbers, shown in (("table", table, display(table)),
+                                 ("verdict", verdict, display_verdict(verdict)
+                                  if not verdict.empty else verdict)):
+        numbers.to_csv(out / f"{name}.csv", index=False)
+        (out / f"{name}.md").write_text(markdown(shown) if not shown.empty else "(none)\n")
+        written += [out / f"{name}.csv", out / f"{name}.md"]
+    frames.problems.to_csv(out / "skipped.csv", index=False)
+    written.append(out / "skipped.csv")
+    figures = [("metric_vs_bits", plot_metric_vs_bits(table)),
+               ("measurements", plot_measurements(frames, runs))]
+    for name, figure in figures:
+        if figure is not None:
+            figure.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
+            plt.close(figure)
+            written.append(out / f"{name}.png")
+    return written
+
+
+# ---- what-if ----------------------------------------------------------------------------------
+def whatif(run_dir: Path, rule: str | None = None, fraction_low: float | None = None,
+           fraction_high: float | None = None, budget: float | None = None,
+           keep_budget: bool = True) -> str:
+    """The replay of an ``accordion_auto`` run under other settings (None: the run's own; the
+    run's budget unless ``keep_budget`` is false), as printed by the command."""
+    cfg, rows = load_run(run_dir, accepted=("accordion_auto",))
+    s = cfg.scheduler
+    levels = candidates(compression.build_compressor(cfg.compressor),
+                        None if s.levels is None else list(s.levels))
+    layers = sorted(k.removeprefix("level/") for k in rows[0] if k.startswith("level/"))
+    lrs = [lr_at(cfg.optimizer, e) for e in range(len(rows) + 1)]
+    own = Chooser(levels, s.rule, s.fraction_low, s.fraction_high, s.budget, s.interval,
+                  s.get("epochs"))
+    mine = replay_levels(rows, lrs, layers, own, s.eta, s.interval)
+    other = Chooser(levels, rule or s.rule, fraction_low or s.fraction_low,
+                    fraction_high or s.fraction_high,
+                    budget if budget is not None else (s.budget if keep_budget else None),
+                    s.interval, s.get("epochs") or len(rows))
+    theirs = replay_levels(rows, lrs, layers, other, s.eta, s.interval)
+    lines = [f"what-if {run_dir}: rule {s.rule} -> {other.rule}, fractions {s.fraction_low}/"
+             f"{s.fraction_high} -> {other.fraction_low}/{other.fraction_high}, budget "
+             f"{s.budget} -> {other.budget}",
+             f"{'epoch':>5}  levels (count of layers), logged -> replayed"]
+    for row, a, b in zip(rows, mine, theirs, strict=True):
+        lines.append(f"{row['epoch']:>5}  {_counts(a)} -> {_counts(b)}")
+    dense = sum(r["comm/bits_dense"] for r in rows)
+    lines.append(f"payload (estimated from the measured bits per level, probe included): own "
+                 f"{own.spent[0]:.4e} ({own.spent[0] / dense:.4f} of fp32), replayed "
+                 f"{other.spent[0]:.4e} ({other.spent[0] / dense:.4f}); logged comm/bits "
+                 f"{sum(r['comm/bits'] for r in rows):.4e}")
+    return "\n".join(lines)
+
+
+def _counts(levels: dict[str, Any]) -> str:
+    values = list(levels.values())
+    return " ".join(f"{level_key(v)}:{values.count(v)}" for v in sorted(set(values)))
+
+
+# ---- command line -----------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """``[RUNS]``: write the outputs; ``whatif RUN_DIR``: print the replay. Exit status 2 on
+    bad input."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["whatif"]:
+        parser = argparse.ArgumentParser(prog="python -m analysis.auto_endpoints whatif")
+        parser.add_argument("run_dir", type=Path)
+        parser.add_argument("--rule", choices=RULES)
+        parser.add_argument("--fraction-low", type=float)
+        parser.add_argument("--fraction-high", type=float)
+        parser.add_argument("--budget", type=float)
+        parser.add_argument("--no-budget", action="store_true", help="drop the run's budget")
+        args = parser.parse_args(argv[1:])
+        try:
+            print(whatif(args.run_dir, args.rule, args.fraction_low, args.fraction_high,
+                         args.budget, keep_budget=not args.no_budget))
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m analysis.auto_endpoints",
+                                     description="tables and figures of conf/sweep/"
+                                                 "auto_endpoints.yaml")
+    parser.add_argument("runs", nargs="?", default="results/runs", help="root of run records")
+    parser.add_argument("--scale", default="tiny", help="the sweep's scale (default tiny)")
+    parser.add_argument("--out", default="results/auto", help="output folder")
+    args = parser.parse_args(argv)
+    frames = load_sweep(args.runs, SWEEP, args.scale, keep=KEPT)
+    if frames.runs.empty:
+        print(f"error: no completed runs of sweep {SWEEP} (scale {args.scale}) below "
+              f"{args.runs}; run `make reproduce-auto SCALE={args.scale}` first", file=sys.stderr)
+        return 2
+    for path in write(frames, Path(args.out)):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

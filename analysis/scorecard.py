@@ -1,0 +1,141 @@
+"""The scorecard: every claim of the papers that the runs below a directory can judge, with a
+verdict each (``analysis/claims.yaml``, :mod:`analysis.verdicts`).
+
+    python -m analysis.scorecard results/runs [--sweep table1] [--scale tiny] [--out results]
+
+Writes ``<out>/scorecard.csv`` (every number, the values per seed and the run directories),
+``scorecard.md`` and ``scorecard.html`` (one row per claim and scale: the published effect,
+ours with its 95% interval and how it was computed, the seeds, the verdict, the machines and
+commits of the runs and a warning where they mix), and prints the markdown table. Claims whose
+cells have no run below the directory are left out (the count is said). Exit status 2 on bad
+input (no runs, a malformed claims file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import tables, verdicts
+from analysis.load import load_records
+from analysis.report import Block, to_html
+
+FILES = ("scorecard.csv", "scorecard.md", "scorecard.html")
+ABOUT = (
+    "Each row is one comparison a paper makes (analysis/claims.yaml: the cells, the bound or "
+    "margin and its source). Ours is the effect over seeds (a - b, or a / b for ratios) with "
+    "a 95% Student-t interval: paired on per-seed differences when both cells ran the same seeds, "
+    "Welch's when they did not, one-sample for a claim about one cell; ratios on the log scale. "
+    "Reproduced: the whole interval lies on the claimed side of the bound; not reproduced: "
+    "wholly on the other side; inconclusive: it straddles the bound, or one seed (no interval). "
+    "Published: the paper's effect where it states one (at paper scale; at tiny scale compare "
+    "the direction, not the size).")
+
+
+def number(value: float, signed: bool = False) -> str:
+    """``+0.23`` (``signed``: a difference, two decimals), ``0.833`` / ``40.00`` (three
+    significant digits below 1, two decimals up to 10,000), ``1.6e+07``; '—' for NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if signed:
+        return f"{value:+.2f}" if abs(value) >= 0.005 or value == 0 else f"{value:+.2g}"
+    return f"{value:.2f}" if 1 <= abs(value) < 1e4 or value == 0 else f"{value:#.3g}"
+
+
+def display(rows: pd.DataFrame) -> pd.DataFrame:
+    """The strings of the scorecard's table (markdown and HTML)."""
+    unsigned = (rows["effect"] == "ratio") | (rows["b"] == "")  # a ratio, or one cell's value
+    out = pd.DataFrame({
+        "id": rows["id"], "claim": rows["claim"], "scale": rows["scale"],
+        "holds if": rows["statement"],
+        "published": [number(v, signed=not u) for v, u in zip(rows["published"], unsigned,
+                                                              strict=True)],
+        "ours": [number(v, signed=not u) for v, u in zip(rows["ours"], unsigned, strict=True)],
+        "95% interval": [f"[{number(lo, not u)}, {number(hi, not u)}]" if not math.isnan(lo)
+                         else "—" for lo, hi, u in zip(rows["low"], rows["high"], unsigned,
+                                                        strict=True)],
+        "interval": rows["interval"], "seeds": rows["seeds"], "verdict": rows["verdict"],
+        "machines": rows["fingerprints"], "commits": rows["commits"]})
+    if (rows["warning"] != "").any():
+        out["warning"] = rows["warning"]
+    return out
+
+
+def summary(rows: pd.DataFrame, skipped: int) -> str:
+    """``12 claims: 5 reproduced, 1 not reproduced, 6 inconclusive`` (and what is not shown)."""
+    counts = rows["verdict"].value_counts()
+    parts = [f"{int(counts.get(v, 0))} {v}" for v in (verdicts.REPRODUCED,
+                                                     verdicts.NOT_REPRODUCED,
+                                                     verdicts.INCONCLUSIVE)]
+    text = f"{len(rows)} claims judged: {', '.join(parts)}."
+    warned = int((rows["warning"] != "").sum())
+    if warned:
+        text += (f" {warned} of them {'mixes' if warned == 1 else 'mix'} machines or commits "
+                 "(see `warning`).")
+    if skipped:
+        text += f" {skipped} claims of these sweeps have no runs here (not shown)."
+    return text
+
+
+def write(rows: pd.DataFrame, out: Path, skipped: int = 0) -> list[Path]:
+    """``scorecard.{csv,md,html}`` of the judged ``rows`` into ``out``; the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / name for name in FILES]
+    rows.to_csv(paths[0], index=False)
+    shown = display(rows)
+    legend = tables.machine_legend(rows)
+    paths[1].write_text(f"# Scorecard\n\n{summary(rows, skipped)}\n\n{tables.markdown(shown)}\n"
+                        f"{legend}\n\n{ABOUT}\n")
+    blocks = [Block("h1", "Scorecard"), Block("p", summary(rows, skipped)),
+              Block("table", table=shown), Block("p", legend), Block("p", ABOUT)]
+    paths[2].write_text(to_html(blocks, "accordion-bench: scorecard"))
+    return paths
+
+
+def scorecard(runs_dir: Path, claims_file: Path | None, sweeps: Sequence[str] | None,
+              scales: Sequence[str] | None) -> tuple[pd.DataFrame, int]:
+    """The judged rows of the claims of ``sweeps`` (None: every sweep with runs) on the runs
+    below ``runs_dir``, and how many of those claims had no runs."""
+    claims = verdicts.load_claims(claims_file)
+    frames = load_records(runs_dir, include_incomplete=True)
+    found = set(frames.runs["sweep"]) if not frames.runs.empty else set()
+    wanted = [c for c in claims if c.sweep in (set(sweeps) if sweeps else found)]
+    if not wanted:
+        raise ValueError(f"runs_dir: no run records of a sweep with claims (sweep(s) "
+                         f"{', '.join(sweeps) if sweeps else 'any'}) below {runs_dir}")
+    rows = verdicts.evaluate(frames, wanted, list(scales) if scales else None)
+    return rows, len(wanted) - rows["id"].nunique()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (see the module doc); exit status 2 on bad input."""
+    parser = argparse.ArgumentParser(prog="python -m analysis.scorecard",
+                                     description="Verdicts on the papers' claims.")
+    parser.add_argument("runs_dir", nargs="?", type=Path, default=Path("results/runs"),
+                        help="directory holding run records at any depth (default results/runs)")
+    parser.add_argument("--sweep", nargs="+", help="only these sweeps' claims (default: all "
+                                                   "sweeps with runs)")
+    parser.add_argument("--scale", nargs="+", help="only these scales (default: all)")
+    parser.add_argument("--claims", type=Path, help="the claims file (default "
+                                                    "analysis/claims.yaml)")
+    parser.add_argument("--out", type=Path, default=Path("results"),
+                        help="output folder (default results/)")
+    args = parser.parse_args(argv)
+    try:
+        rows, skipped = scorecard(args.runs_dir, args.claims, args.sweep, args.scale)
+    except (FileNotFoundError, ValueError) as exc:  # ConfigError is a ValueError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    paths = write(rows, args.out, skipped)
+    print(paths[1].read_text())
+    print(" , ".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

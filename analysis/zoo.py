@@ -1,0 +1,357 @@
+"""The zoo (issue 26): every registered compressor at its light level, at its heavy level and
+under Accordion between them, ranked on accuracy, data sent and time to accuracy.
+
+    python -m analysis.zoo sweep                        # write conf/sweep/zoo.yaml (registry)
+    python -m analysis.zoo report [RUNS] [--scale tiny] [--out results/zoo]
+
+``sweep`` writes the sweep from the registry, so a new compressor joins by registering: for each
+benchmark (tiny: CIFAR-10 and WikiText-2 stand-ins) and compressor with levels, three runs
+(``method=zoo_light`` / ``zoo_heavy``: one level throughout, the low / high of its
+``accordion_levels``, through ``scheduler=plan``; ``zoo_accordion``: Accordion between them);
+one (``zoo_fixed``) for a compressor without levels; and DGC's warm-up (``method=dgc_warmup``).
+The sign compressors get their own optimizer settings (:data:`SIGN_OPTIMIZER`).
+
+``report`` reads the sweep's run records and writes to ``--out``:
+
+- ``leaderboard.md`` / ``.csv``: per model, every method ranked by its final test metric (mean
+  and std over seeds): data sent (``comm/bits`` summed: the papers' accounting; and
+  ``comm/wire_bits``: our messages), measured time per epoch, and time to accuracy over a
+  rate-limited link;
+- ``pareto.png``: final metric against data sent, each compressor's Accordion point joined to
+  its light and heavy points;
+- ``recovery.md`` / ``.csv``: per compressor with levels, "does Accordion recover the light
+  level's accuracy at fewer bits?" with 95% t-intervals over seeds (paired by seed).
+
+Time over the link. ``make bench-tta`` sets a link whose rate makes the dense (fp32) exchange of
+a step take ``ratio`` = 4 times the step's compute. The zoo's runs ran on loopback, so their time
+over that link is modelled, per epoch: the measured ``time/epoch_s`` plus ``ratio`` x t_0 x
+wire / dense, where t_0 is the epoch time of the ``none`` run of the same model and seed (the
+compute), wire the epoch's ``comm/wire_bits`` and dense its ``comm/bits_dense`` (fp32 for every
+element). On 2 workers a ring all-reduce and an all-gather put the same bytes on each worker's
+link, so bits are what count; nothing overlaps (an upper bound). Time to accuracy: the modelled
+training time until the test metric first reaches the final value of the same compressor's
+light-level run (the compressor's own final for one without levels), same model and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+import compression  # noqa: E402
+from analysis.claims import load_sweep  # noqa: E402
+from analysis.tables import markdown, mean_std, run_stats  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "conf" / "sweep" / "zoo.yaml"
+MODELS = {"cifar10": "resnet18", "wikitext2": "lstm"}  # benchmark: model
+ROLES = ("light", "heavy", "accordion")
+# Sign updates need a sign-sized step and no optimizer momentum (Signum's is the worker's):
+# ours, Adam-like 1e-3 per element (not tuned); the warm-up starts at the recipe's 1/5 of it;
+# no clipping (clipping a vector of signs only rescales it).
+SIGN_OPTIMIZER = {"optimizer.lr": 0.001, "optimizer.momentum": 0.0,
+                  "optimizer.schedule.warmup_start_lr": 0.0002, "trainer.grad_clip": "null"}
+EXTRA = {"signsgd": SIGN_OPTIMIZER, "signum": SIGN_OPTIMIZER}
+RATIO = 4.0  # make bench-tta's link: the dense exchange takes RATIO x the compute
+# Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the 30th).
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+# ---- the sweep ------------------------------------------------------------------------------
+def groups() -> list[dict[str, Any]]:
+    """The sweep's run groups: per benchmark, each compressor's light / heavy / Accordion runs
+    (or its one run), and DGC's warm-up."""
+    out = []
+    for benchmark, model in MODELS.items():
+        common = {"benchmark": benchmark, "model": model, "baseline": "none"}
+        for name in compression.available():
+            extra = EXTRA.get(name, {})
+            levels = compression.create(name).accordion_levels
+            if levels is None:
+                out.append({**common, "compressor": name, "method": "zoo_fixed", **extra})
+                continue
+            for role, level in zip(ROLES[:2], levels, strict=True):
+                out.append({**common, "compressor": name, "method": f"zoo_{role}",
+                            "scheduler.levels": f"[{level}]", **extra})
+            out.append({**common, "compressor": name, "method": "zoo_accordion", **extra})
+        out.append({**common, "method": "dgc_warmup"})
+    return out
+
+
+def sweep_text() -> str:
+    """conf/sweep/zoo.yaml as :func:`groups` makes it."""
+    head = f"""# @package _global_
+# GENERATED by `python -m analysis.zoo sweep` from the compressor registry: do not edit by hand.
+# The zoo (issue 26; docs/compressors.md): every compressor at its light level, its heavy level
+# (the low and high of its accordion_levels) and Accordion between them; one run for a
+# compressor without levels; DGC with its warm-up. Seeds 0, 1, 2.
+#   make reproduce-zoo [SCALE=tiny] [ONLY=compressor=qsgd]
+#   or: python run.py -m sweep=zoo scale=tiny [compressor=qsgd]
+# Run groups x params, as conf/sweep_runs.yaml and the README's Sweeps section describe.
+defaults:
+  - /sweep_runs
+  - override /benchmark: {next(iter(MODELS))}   # the sweep's own config; each run sets its own
+
+sweep: zoo
+"""
+    body = {"hydra": {"sweeper": {"groups": groups(),
+                                  "params": {"seed": "0,1,2", "variant": "ours"}}}}
+    return head + yaml.safe_dump(body, sort_keys=False, width=100, default_flow_style=None)
+
+
+# ---- the numbers ------------------------------------------------------------------------------
+def run_numbers(frames: Any) -> pd.DataFrame:
+    """One row per run: model, compressor, role, seed, metric, final, bits, wire bits, measured
+    and modelled time per epoch, time to the light level's accuracy."""
+    stats = run_stats(frames).set_index("run_id")
+    epochs = frames.epochs.sort_values(["run_id", "epoch"])
+    grouped = epochs.groupby("run_id")
+    stats["wire"] = grouped["comm/wire_bits"].sum(min_count=1)
+    stats["epoch_s"] = grouped["time/epoch_s"].mean()
+    stats["role"] = [_role(m, c) for m, c in zip(stats["method"], stats["compressor.name"],
+                                                 strict=True)]
+    stats = stats.reset_index()
+    compute = stats[stats["compressor.name"] == "none"].set_index(["model.name", "seed"])
+    link_s, tta = [], []
+    for run in stats.itertuples(index=False):
+        key = (run[stats.columns.get_loc("model.name")], run.seed)
+        t0 = compute["epoch_s"].get(key, np.nan)
+        rows = epochs[epochs["run_id"] == run.run_id]
+        modelled = rows["time/epoch_s"] + RATIO * t0 * rows["comm/wire_bits"] / rows[
+            "comm/bits_dense"]
+        link_s.append(float(modelled.mean()))
+        tta.append(_time_to(rows[run.metric].to_numpy(), modelled.to_numpy(),
+                            _target(stats, run), _lower(run.metric)))
+    stats["link_epoch_s"], stats["tta_s"] = link_s, tta
+    return stats
+
+
+def _role(method: str, compressor: str) -> str:
+    """``light`` / ``heavy`` / ``accordion`` / ``warmup`` from the method label
+    (``<compressor>-<role>``); ``fixed`` for a compressor without levels."""
+    return method[len(compressor) + 1:] if method.startswith(f"{compressor}-") else "fixed"
+
+
+def _lower(metric: str) -> bool:
+    return metric.endswith(("perplexity", "loss"))
+
+
+def _target(stats: pd.DataFrame, run: Any) -> float:
+    """The final metric of the same compressor's light run (same model and seed), or the run's
+    own final for a compressor without levels."""
+    if run.role == "fixed":
+        return run.final
+    light = stats[(stats["compressor.name"] == run[stats.columns.get_loc("compressor.name")])
+                  & (stats["model.name"] == run[stats.columns.get_loc("model.name")])
+                  & (stats["seed"] == run.seed) & (stats["role"] == "light")]
+    return float(light["final"].iloc[0]) if len(light) else np.nan
+
+
+def _time_to(values: np.ndarray, seconds: np.ndarray, target: float, lower: bool) -> float:
+    """Seconds until ``values`` first reach ``target`` (NaN: never, or no target)."""
+    if math.isnan(target):
+        return np.nan
+    reached = values <= target if lower else values >= target
+    hits = np.flatnonzero(reached)
+    return float(np.cumsum(seconds)[hits[0]]) if len(hits) else np.nan
+
+
+def interval(values: pd.Series) -> tuple[float, float, float]:
+    """Mean and the two ends of its 95% t-interval (NaN ends with fewer than 2 values)."""
+    x = values.dropna().to_numpy(dtype=float)
+    if len(x) < 2:
+        return (float(x.mean()) if len(x) else np.nan), np.nan, np.nan
+    half = T95[min(len(x) - 1, len(T95)) - 1] * x.std(ddof=1) / math.sqrt(len(x))
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+# ---- the tables ------------------------------------------------------------------------------
+def leaderboard(numbers: pd.DataFrame) -> pd.DataFrame:
+    """Per model, per method: the means (and the final's std) over seeds, ranked by final."""
+    rows = []
+    for (model, method), runs in numbers.groupby(["model.name", "method"]):
+        lower = _lower(runs["metric"].iloc[0])
+        rows.append({"model": model, "method": method, "metric": runs["metric"].iloc[0],
+                     "compressor": runs["compressor.name"].iloc[0], "role": runs["role"].iloc[0],
+                     "final": runs["final"].mean(), "final_std": runs["final"].std(ddof=1),
+                     "gbit": runs["bits"].mean() / 1e9, "wire_gbit": runs["wire"].mean() / 1e9,
+                     "epoch_s": runs["epoch_s"].mean(), "link_epoch_s": runs["link_epoch_s"].mean(),
+                     "tta_s": runs["tta_s"].mean(), "reached": int(runs["tta_s"].notna().sum()),
+                     "seeds": len(runs), "score": -runs["final"].mean() if lower
+                     else runs["final"].mean()})
+    table = pd.DataFrame(rows).sort_values(["model", "score"], ascending=[True, False])
+    table["rank"] = table.groupby("model").cumcount() + 1
+    return table.drop(columns="score")
+
+
+def recovery(numbers: pd.DataFrame) -> pd.DataFrame:
+    """Per model and compressor with levels: Accordion (and heavy) minus light, per seed, in the
+    metric's better direction; Accordion's bits over light's; the answer."""
+    rows = []
+    for (model, name), runs in numbers.groupby(["model.name", "compressor.name"]):
+        by_role = {role: r.set_index("seed") for role, r in runs.groupby("role")}
+        if not {"light", "accordion"} <= by_role.keys():
+            continue
+        sign = -1.0 if _lower(runs["metric"].iloc[0]) else 1.0
+        light = by_role["light"]
+        gain = interval(sign * (by_role["accordion"]["final"] - light["final"]))
+        heavy = interval(sign * (by_role["heavy"]["final"] - light["final"])) if (
+            "heavy" in by_role) else (np.nan, np.nan, np.nan)
+        bits = interval(by_role["accordion"]["bits"] / light["bits"])
+        rows.append({"model": model, "compressor": name, "seeds": int(gain[0] == gain[0]) and
+                     len((by_role["accordion"]["final"] - light["final"]).dropna()),
+                     "accordion_minus_light": gain, "heavy_minus_light": heavy,
+                     "bits_ratio": bits, "answer": answer(gain, bits)})
+    return pd.DataFrame(rows)
+
+
+def answer(gain: tuple[float, float, float], bits: tuple[float, float, float]) -> str:
+    """``yes`` where Accordion sends fewer bits (the ratio's interval below 1) and loses no
+    accuracy that the seeds can tell (the difference's interval reaches 0 or above); else why
+    not; ``n/a`` with fewer than 2 seeds."""
+    if math.isnan(gain[1]) or math.isnan(bits[2]):
+        return "n/a (fewer than 2 seeds)"
+    if bits[2] >= 1:
+        return "no: not fewer bits"
+    if gain[2] < 0:
+        return "no: loses accuracy"
+    return "yes"
+
+
+def _ci(values: tuple[float, float, float], digits: int = 2) -> str:
+    mean, low, high = values
+    if math.isnan(mean):
+        return "n/a"
+    if math.isnan(low):
+        return f"{mean:+.{digits}f}"
+    return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def leaderboard_markdown(table: pd.DataFrame) -> str:
+    """The leaderboard as markdown, one section per model."""
+    parts = []
+    for model, rows in table.groupby("model", sort=True):
+        metric = rows["metric"].iloc[0]
+        shown = pd.DataFrame({
+            "rank": rows["rank"], "method": rows["method"],
+            metric: [mean_std(m, s) for m, s in zip(rows["final"], rows["final_std"],
+                                                    strict=True)],
+            "Gbit sent (paper)": rows["gbit"].map(lambda v: f"{v:.3g}"),
+            "Gbit sent (wire)": rows["wire_gbit"].map(lambda v: f"{v:.3g}"),
+            "s / epoch (measured)": rows["epoch_s"].map(lambda v: f"{v:.2f}"),
+            f"s / epoch (link, ratio {RATIO:g})": rows["link_epoch_s"].map(lambda v: f"{v:.2f}"),
+            "s to light's accuracy (link)": [
+                "never" if n == 0 else f"{t:.1f}" + ("" if n == s else f" ({n} of {s} seeds)")
+                for t, n, s in zip(rows["tta_s"], rows["reached"], rows["seeds"], strict=True)],
+            "seeds": rows["seeds"]})
+        parts += [f"### {model}", "", markdown(shown)]
+    return "\n".join(parts)
+
+
+def recovery_markdown(table: pd.DataFrame) -> str:
+    shown = pd.DataFrame({
+        "model": table["model"], "compressor": table["compressor"],
+        "Accordion - light (95% CI)": table["accordion_minus_light"].map(_ci),
+        "heavy - light (95% CI)": table["heavy_minus_light"].map(_ci),
+        "Accordion's bits / light's (95% CI)": table["bits_ratio"].map(
+            lambda v: _ci(v, 3).replace("+", "")),
+        "recovers the light level's accuracy at fewer bits?": table["answer"]})
+    return markdown(shown)
+
+
+# ---- the figure ----------------------------------------------------------------------------------
+def pareto(table: pd.DataFrame) -> plt.Figure:
+    """Final metric against Gbit sent, per model; each compressor's Accordion point joined to
+    its light and heavy points (dashed); DGC's warm-up a hollow marker."""
+    models = sorted(table["model"].unique())
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5), squeeze=False)
+    names = sorted(table["compressor"].unique())
+    colours = dict(zip(names, plt.get_cmap("tab20")(np.linspace(0, 1, len(names))), strict=True))
+    for ax, model in zip(axes[0], models, strict=True):
+        rows = table[table["model"] == model]
+        for name, runs in rows.groupby("compressor"):
+            points = runs.set_index("role")
+            colour = colours[name]
+            if "accordion" in points.index:
+                for end in ("light", "heavy"):
+                    if end in points.index:
+                        ax.plot(points.loc[["accordion", end], "gbit"],
+                                points.loc[["accordion", end], "final"], "--", color=colour,
+                                lw=1)
+            for role, point in points.iterrows():
+                ax.errorbar(point["gbit"], point["final"], yerr=point["final_std"], color=colour,
+                            marker={"accordion": "*", "warmup": "o"}.get(role, "o"),
+                            mfc="none" if role == "warmup" else colour,
+                            ms=11 if role == "accordion" else 6, capsize=2,
+                            label=name if role in ("accordion", "fixed") else None)
+        ax.set_xscale("log")
+        ax.set_xlabel("Gbit sent per worker (the papers' count)")
+        ax.set_ylabel(rows["metric"].iloc[0])
+        ax.set_title(f"{model}: star = Accordion, joined to its light and heavy levels")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, ncol=2, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+# ---- the command line ----------------------------------------------------------------------
+def report(runs: Path, scale: str | None, out: Path) -> list[Path]:
+    """Write the leaderboard, the recovery answers and the Pareto figure; returns the files."""
+    frames = load_sweep(runs, "zoo", scale, keep=("completed", "diverged"))  # a divergence ranks
+    if frames.runs.empty:
+        raise SystemExit(f"error: no zoo runs (sweep=zoo, scale={scale}) below {runs}")
+    numbers = run_numbers(frames)
+    board, answers = leaderboard(numbers), recovery(numbers)
+    out.mkdir(parents=True, exist_ok=True)
+    board.to_csv(out / "leaderboard.csv", index=False)
+    answers.to_csv(out / "recovery.csv", index=False)
+    seeds = sorted(numbers["seed"].unique())
+    head = (f"The zoo at scale {scale}: `python -m analysis.zoo report {runs} --scale {scale}` "
+            f"over the runs of `make reproduce-zoo` (seeds {', '.join(map(str, seeds))}). Mean "
+            f"± std over seeds; time over the link modelled as analysis/zoo.py describes.\n\n")
+    (out / "leaderboard.md").write_text(head + leaderboard_markdown(board))
+    (out / "recovery.md").write_text(
+        head + "Differences in the metric's better direction (accuracy points; perplexity "
+        "negated), paired by seed, with 95% t-intervals. yes = fewer bits and no loss the "
+        "seeds can tell.\n\n" + recovery_markdown(answers))
+    fig = pareto(board)
+    fig.savefig(out / "pareto.png", dpi=120)
+    plt.close(fig)
+    return [out / f for f in ("leaderboard.md", "leaderboard.csv", "recovery.md",
+                              "recovery.csv", "pareto.png")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.zoo",
+                                     description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("sweep", help=f"write {SWEEP.relative_to(ROOT)} from the registry")
+    rep = sub.add_parser("report", help="leaderboard, recovery answers and Pareto figure")
+    rep.add_argument("runs", nargs="?", type=Path, default=Path("results/runs"))
+    rep.add_argument("--scale", default="tiny")
+    rep.add_argument("--out", type=Path, default=Path("results/zoo"))
+    args = parser.parse_args(argv)
+    if args.command == "sweep":
+        SWEEP.write_text(sweep_text())
+        print(f"wrote {SWEEP.relative_to(ROOT)}: {len(groups())} run groups x 3 seeds")
+        return 0
+    for path in report(args.runs, args.scale, args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

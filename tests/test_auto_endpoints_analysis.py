@@ -1,0 +1,151 @@
+"""analysis/auto_endpoints.py on real run records: eight short runs of `run.py` (2 simulated
+learners each) standing in for two cases of conf/sweep/auto_endpoints.yaml, read back by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from analysis import auto_endpoints
+from analysis.claims import load_sweep
+from tests.conftest import assert_ok, run_cli
+
+pytestmark = pytest.mark.slow
+
+GROUP = "auto_fixture"
+COMMON = ["model.width=8", "dataset.subset=64", "trainer.batch_size=32", "trainer.epochs=3",
+          "trainer.progress=false", "trainer.device=cpu", "launcher=simulated",
+          "trainer.workers=2"]
+POWERSGD = ("override /compressor: powersgd",)
+# (method, baseline, seeds, defaults, config lines)
+RUNS = [
+    ("rank2", "rank2", (0, 1), POWERSGD, ["compressor:", "  rank: 2"]),
+    ("accordion_rank2_rank1", "rank2", (0, 1), (*POWERSGD, "override /scheduler: accordion"),
+     ["compressor:", "  rank: 2", "scheduler:", "  low: 2", "  high: 1", "  interval: 1"]),
+    ("auto_rank", "rank2", (0, 1), (*POWERSGD, "override /scheduler: accordion_auto"),
+     ["compressor:", "  rank: 4", "scheduler:", "  levels: [4, 2, 1]", "  interval: 1",
+      "  probe_steps: 1"]),
+    ("batch512", "batch512", (0,), (), []),  # trainer.batch_size 32 (COMMON)
+    ("auto_batch", "batch512", (0,), ("override /scheduler: accordion_batch_auto",),
+     ["scheduler:", "  batch_low: 32", "  batches: [32, 64]", "  interval: 1",
+      "  probe_steps: 1"]),
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("auto")
+    conf = root / "conf" / GROUP
+    conf.mkdir(parents=True)
+    options = []
+    for i, (method, baseline, seeds, defaults, lines) in enumerate(RUNS):
+        for seed in seeds:
+            options.append(f"g{i}_s{seed}")
+            text = ["# @package _global_", "defaults:", *(f"  - {d}" for d in defaults),
+                    "  - override /logger: none", "sweep: auto_endpoints", "scale: tiny",
+                    "benchmark: cifar10", f"method: {method}", "variant: ours",
+                    f"baseline: {baseline}", f"seed: {seed}", *lines]
+            (conf / f"{options[-1]}.yaml").write_text("\n".join(text) + "\n")
+    out = root / "runs"
+    assert_ok(run_cli(["-m", f"hydra.searchpath=[file://{root / 'conf'}]",
+                       f"+{GROUP}={','.join(options)}", *COMMON, f"hydra.sweep.dir={out}"]))
+    return out
+
+
+def by_hand(runs: Path) -> dict[tuple[str, int], dict]:
+    """(method, seed) -> final accuracy, bits with the probe's, rows: read with plain json."""
+    out = {}
+    for metrics in runs.glob("*/metrics.jsonl"):
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        cfg = (metrics.parent / ".hydra" / "config.yaml").read_text()
+        method = next(line.split(": ")[1] for line in cfg.splitlines()
+                      if line.startswith("method: "))
+        seed = int(next(line.split(": ")[1] for line in cfg.splitlines()
+                        if line.startswith("seed: ")))
+        bits = sum(r["comm/bits"] + r.get("auto/probe_bits/model", 0.0) for r in rows)
+        out[(method, seed)] = {"final": rows[-1]["test/accuracy"], "bits": bits, "rows": rows,
+                               "dir": metrics.parent}
+    return out
+
+
+def test_table_verdict_and_figures(runs, tmp_path):
+    hand = by_hand(runs)
+    frames = load_sweep(runs, "auto_endpoints", "tiny", keep=auto_endpoints.KEPT)
+    written = auto_endpoints.write(frames, tmp_path)
+    names = {p.name for p in written}
+    assert {"table.md", "table.csv", "verdict.md", "verdict.csv", "skipped.csv",
+            "metric_vs_bits.png", "measurements.png"} <= names
+    table = auto_endpoints.group_table(auto_endpoints.per_run(frames)).set_index("method")
+    assert set(table["case"]) == {"Table 1: ResNet-18, PowerSGD",
+                                  "Fig. 10: ResNet-18, batch size"}
+    auto = table.loc["auto_rank"]
+    finals = [hand[("auto_rank", s)]["final"] for s in (0, 1)]
+    bits = [hand[("auto_rank", s)]["bits"] for s in (0, 1)]
+    assert auto["seeds"] == 2 and auto["kind"] == "auto"
+    assert auto["final_mean"] == pytest.approx(sum(finals) / 2)
+    std = abs(finals[0] - finals[1]) / math.sqrt(2)
+    assert auto["final_ci"] == pytest.approx(12.706 * std / math.sqrt(2), rel=1e-3)  # t(.975, 1)
+    assert auto["bits_mean"] == pytest.approx(sum(bits) / 2)  # the probe's bits included
+    handpicked = sum(hand[("accordion_rank2_rank1", s)]["bits"] for s in (0, 1)) / 2
+    assert auto["bits_vs_hand"] == pytest.approx(auto["bits_mean"] / handpicked)
+    verdict = auto_endpoints.verdict_table(auto_endpoints.per_run(frames),
+                                           table.reset_index())
+    mine = verdict[verdict["auto"] == "auto_rank"].set_index("against")
+    assert set(mine.index) == {"accordion_rank2_rank1", "rank2"}  # hand-picked, best fixed
+    row = mine.loc["accordion_rank2_rank1"]
+    expected = auto["final_mean"] - table.loc["accordion_rank2_rank1", "final_mean"]
+    assert row["diff"] == pytest.approx(expected)
+    reaches = expected >= -table.loc["accordion_rank2_rank1", "final_std"]
+    assert (row["verdict"] in ("better", "reaches it at no more bits",
+                               "reaches it with more bits")) == (reaches or row["verdict"]
+                                                                  == "better")
+    assert (row["verdict"] == "reaches it at no more bits") == (
+        reaches and row["bits_ratio"] <= 1 and row["verdict"] != "better")
+    # the batch case: one seed, no interval; the auto run chose a B_high it logged
+    assert table.loc["auto_batch", "seeds"] == 1 and math.isnan(table.loc["auto_batch",
+                                                                          "final_ci"])
+
+
+def test_harm_is_what_the_rows_say(runs):
+    hand = by_hand(runs)
+    frames = load_sweep(runs, "auto_endpoints", "tiny", keep=auto_endpoints.KEPT)
+    per_run = auto_endpoints.per_run(frames)
+    run_id = per_run[(per_run["method"] == "auto_rank") & (per_run["seed"] == 0)]["run_id"]
+    harm = auto_endpoints.harm_data(frames, run_id.iloc[0])
+    rows = hand[("auto_rank", 0)]["rows"]
+    layer = harm["layer"].iloc[0]
+    got = harm[(harm["layer"] == layer) & (harm["level"] == "1")].sort_values("epoch")
+    want = [(r[f"auto/error@1/{layer}"] / r[f"auto/corrected_sq/{layer}"])
+            / (r[f"auto/noise/{layer}"] / r[f"auto/local_sq/{layer}"]) for r in rows]
+    assert got["harm"].tolist() == pytest.approx(want)
+
+
+def test_whatif_replays_the_run_and_another_rule(runs, capsys):
+    run_dir = by_hand(runs)[("auto_rank", 0)]["dir"]
+    rows = by_hand(runs)[("auto_rank", 0)]["rows"]
+    assert auto_endpoints.main(["whatif", str(run_dir), "--rule", "budget", "--budget",
+                                "0.05"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].endswith("rule noise -> budget, fractions 0.5/1.0 -> 0.5/1.0, budget None "
+                             "-> 0.05")
+    logged = [" ".join(f"{v}:{c}" for v, c in sorted(
+        _count(r, "level/").items())) for r in rows]
+    assert [line.split("->")[0].split(maxsplit=1)[1].strip() for line in lines[2:5]] == logged
+    own = sum(r["comm/bits"] + r["auto/probe_bits/model"] for r in rows)
+    assert f"own {own:.4e}" in out  # PowerSGD's bits follow the level: the estimate is exact
+    assert auto_endpoints.main(["whatif", str(by_hand(runs)[("rank2", 0)]["dir"])]) == 2
+    assert "scheduler.name: the run used 'static'" in capsys.readouterr().err
+
+
+def _count(row: dict, prefix: str) -> dict:
+    values = [v for k, v in row.items() if k.startswith(prefix)]
+    return {v: values.count(v) for v in set(values)}
+
+
+def test_no_runs_is_one_line(tmp_path, capsys):
+    assert auto_endpoints.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no completed runs of sweep auto_endpoints" in capsys.readouterr().err

@@ -1,0 +1,165 @@
+"""The zoo (conf/sweep/zoo.yaml, analysis/zoo.py): the sweep is generated from the registry and
+composes into every compressor's light / heavy / Accordion runs; the report, on hand-written run
+records, ranks them, models the time over the link and answers the recovery question."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+
+import compression
+from analysis import zoo
+from core import record
+from tests.conftest import CONF, ROOT
+from training import sweeps
+from training.config import validate
+
+
+def zoo_runs(*arguments: str) -> list:
+    """The zoo's runs at tiny scale (filtered by ``arguments``), composed as the sweeper does."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["sweep=zoo", "scale=tiny"], return_hydra_config=True)
+        todo = sweeps.expand(cfg.hydra.sweeper.groups, cfg.hydra.sweeper.params,
+                             ["sweep=zoo", "scale=tiny", *arguments], "tiny")
+        return [compose("config", overrides=j, return_hydra_config=True) for j in todo]
+
+
+def test_the_sweep_file_is_the_registry_s() -> None:
+    assert (CONF / "sweep" / "zoo.yaml").read_text() == zoo.sweep_text(), \
+        "conf/sweep/zoo.yaml is stale: run `make zoo-sweep`"
+    assert "reproduce-zoo:" in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.slow
+def test_every_compressor_runs_light_heavy_and_accordion_in_distinct_directories(tmp_path):
+    runs = zoo_runs("seed=0", "benchmark=cifar10")
+    dirs = {Path(str(c.hydra.sweep.dir)) / str(c.hydra.sweep.subdir) for c in runs}
+    assert len(dirs) == len(runs)
+    seen = {}
+    for c in runs:
+        seen.setdefault(c.compressor.name, {})[c.method] = c
+    assert set(seen) == set(compression.available())
+    for name, methods in seen.items():
+        levels = compression.create(name).accordion_levels
+        if levels is None:
+            assert set(methods) == {name} and methods[name].scheduler.name == "static"
+            continue
+        roles = {"dgc-warmup"} if name == "dgc" else set()
+        assert set(methods) == {f"{name}-{r}" for r in zoo.ROLES} | roles
+        assert list(methods[f"{name}-light"].scheduler.levels) == [levels[0]]
+        assert list(methods[f"{name}-heavy"].scheduler.levels) == [levels[1]]
+        accordion = methods[f"{name}-accordion"].scheduler
+        assert (accordion.name, accordion.low, accordion.high) == ("accordion", None, None)
+        task = methods[f"{name}-accordion"]
+        validate(OmegaConf.masked_copy(task, [k for k in task if k != "hydra"]), world_size=2,
+                 run_dir=tmp_path)
+    for sign in ("signsgd", "signum"):
+        assert seen[sign][sign].optimizer.momentum == 0.0
+        assert seen[sign][sign].optimizer.lr == zoo.SIGN_OPTIMIZER["optimizer.lr"]
+
+
+# ---- the report, on hand-written run records --------------------------------------------------
+T0 = 2.0            # the none run's seconds per epoch: the compute
+DENSE = 32e6        # comm/bits_dense per epoch
+EPOCHS = 4
+# Final accuracies by method and seed; every run climbs to it linearly from 40 (epoch 0).
+FINAL = {"none": (90.0, 91.0, 89.0), "qsgd-light": (88.0, 88.5, 87.5),
+         "qsgd-heavy": (80.0, 81.0, 79.0), "qsgd-accordion": (88.1, 88.4, 87.6),
+         "terngrad-light": (85.0, 85.5, 84.5), "terngrad-heavy": (84.0, 84.2, 84.1),
+         "terngrad-accordion": (80.0, 80.5, 79.8)}
+BITS = {"none": 32e6, "qsgd-light": 10e6, "qsgd-heavy": 4e6, "qsgd-accordion": 7e6,
+        "terngrad-light": 4e6, "terngrad-heavy": 2e6, "terngrad-accordion": 3e6}
+EPOCH_S = {"none": T0, "qsgd-light": 2.4, "qsgd-heavy": 2.2, "qsgd-accordion": 2.3,
+           "terngrad-light": 2.1, "terngrad-heavy": 2.1, "terngrad-accordion": 2.1}
+
+
+def accuracies(final: float) -> list[float]:
+    return [40 + (final - 40) * e / (EPOCHS - 1) for e in range(EPOCHS)]
+
+
+def write_records(root: Path, seeds: tuple[int, ...] = (0, 1, 2)) -> None:
+    """Run records as run.py leaves them (.hydra/config.yaml, metrics.jsonl, summary.json)."""
+    configs = zoo_runs("seed=0", "benchmark=cifar10", "compressor=none,qsgd,terngrad",
+                       "method=zoo_fixed,zoo_light,zoo_heavy,zoo_accordion")
+    for base in configs:
+        method = str(base.method)
+        for seed in seeds:
+            cfg = copy.deepcopy(base)
+            with open_dict(cfg):
+                cfg.seed = seed
+            run_dir = root / str(cfg.hydra.sweep.subdir)
+            (run_dir / ".hydra").mkdir(parents=True)
+            task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            OmegaConf.save(task, run_dir / ".hydra" / "config.yaml", resolve=True)
+            rows = [{"epoch": e, "test/accuracy": acc, "comm/bits": BITS[method],
+                     "comm/wire_bits": 2 * BITS[method] if method != "none" else DENSE,
+                     "comm/bits_dense": DENSE, "time/epoch_s": EPOCH_S[method], "lr": 0.1}
+                    for e, acc in enumerate(accuracies(FINAL[method][seed]))]
+            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            summary = record.summarize(rows, "completed", "test/accuracy", 1.0)
+            (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("zoo")
+    write_records(root / "runs")
+    zoo.main(["report", str(root / "runs"), "--scale", "tiny", "--out", str(root / "out")])
+    return root / "out"
+
+
+def test_the_leaderboard_ranks_by_final_metric(reported: Path) -> None:
+    board = pd.read_csv(reported / "leaderboard.csv")
+    means = {m: sum(v) / 3 for m, v in FINAL.items()}
+    assert board["method"].tolist() == sorted(means, key=means.get, reverse=True)
+    assert board["rank"].tolist() == list(range(1, 8))
+    row = board.set_index("method").loc["qsgd-accordion"]
+    assert row["gbit"] == pytest.approx(EPOCHS * 7e6 / 1e9)
+    assert row["wire_gbit"] == pytest.approx(EPOCHS * 14e6 / 1e9)
+    assert row["final_std"] == pytest.approx(pd.Series(FINAL["qsgd-accordion"]).std())
+    # Over the link: measured epoch + 4 x t0 x wire / dense.
+    link = 2.3 + zoo.RATIO * T0 * 14e6 / DENSE
+    assert row["link_epoch_s"] == pytest.approx(link)
+    # It reaches qsgd-light's final in the last epoch for seeds 0 and 2; seed 1 (88.4 < 88.5) never.
+    assert row["tta_s"] == pytest.approx(EPOCHS * link) and row["reached"] == 2
+    assert ("| 2 | qsgd-accordion | 88.03 ± 0.40 | 0.028 | 0.056 | 2.30 | 5.80 | "
+            "23.2 (2 of 3 seeds) | 3 |") in (reported / "leaderboard.md").read_text()
+    assert (reported / "pareto.png").stat().st_size > 10_000
+
+
+def test_the_recovery_answers_with_intervals_over_seeds(reported: Path) -> None:
+    answers = pd.read_csv(reported / "recovery.csv").set_index("compressor")
+    assert answers.loc["qsgd", "answer"] == "yes"
+    assert answers.loc["terngrad", "answer"] == "no: loses accuracy"
+    diffs = [a - b for a, b in zip(FINAL["qsgd-accordion"], FINAL["qsgd-light"], strict=True)]
+    mean = sum(diffs) / 3
+    half = 4.303 * pd.Series(diffs).std() / math.sqrt(3)
+    got = [float(x) for x in answers.loc["qsgd", "accordion_minus_light"].strip("()").split(",")]
+    assert got == pytest.approx([mean, mean - half, mean + half])
+    text = (reported / "recovery.md").read_text()
+    assert "| cifar10 |" not in text and "| resnet18 | qsgd |" in text
+
+
+def test_the_recovery_needs_fewer_bits_and_two_seeds() -> None:
+    assert zoo.answer((0.1, -0.2, 0.4), (0.7, 0.6, 0.8)) == "yes"
+    assert zoo.answer((-0.1, -0.4, 0.2), (0.7, 0.6, 0.8)) == "yes"  # a loss the seeds can't tell
+    assert zoo.answer((0.1, -0.2, 0.4), (0.95, 0.9, 1.02)) == "no: not fewer bits"
+    assert zoo.answer((-1.0, -1.5, -0.5), (0.7, 0.6, 0.8)) == "no: loses accuracy"
+    assert zoo.answer((0.1, math.nan, math.nan), (0.7, math.nan, math.nan)).startswith("n/a")
+    assert zoo.interval(pd.Series([1.0, 2.0, 3.0])) == pytest.approx(
+        (2.0, 2.0 - 4.303 / math.sqrt(3), 2.0 + 4.303 / math.sqrt(3)))
+
+
+def test_a_lower_is_better_metric_ranks_lowest_first() -> None:
+    numbers = pd.DataFrame({
+        "model.name": ["lstm"] * 4, "method": ["a", "a", "b", "b"], "metric": "test/perplexity",
+        "compressor.name": ["a", "a", "b", "b"], "role": "fixed", "final": [90.0, 92.0, 80.0, 81.0],
+        "bits": 1.0, "wire": 1.0, "epoch_s": 1.0, "link_epoch_s": 1.0, "tta_s": 1.0})
+    assert zoo.leaderboard(numbers)["method"].tolist() == ["b", "a"]
