@@ -205,7 +205,7 @@ def job_processes(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("launcher", ["local", "submitit_local"])
-def test_a_killed_job_fails_its_run_and_the_sweep_goes_on(tmp_path, launcher):
+def test_a_killed_job_fails_its_run_and_the_sweep_goes_on(tmp_path, launcher, submitit_sweep):
     # Issue 23 item 3: SIGKILL every process of the first job after its first epoch (an OOM
     # kill, a lost node). The run is recorded as failed (an interruption: a relaunch resumes it),
     # the sweep runs the next job, and ends with one line naming the run and exit status 1;
@@ -238,3 +238,8 @@ def test_a_killed_job_fails_its_run_and_the_sweep_goes_on(tmp_path, launcher):
         done = summary(dirs["rank2"])
         assert done["status"] == "completed" and done["params_in_sync"], done
         assert [r["epoch"] for r in read_rows(dirs["rank2"])] == [0, 1, 2, 3, 4, 5]
+        # ... and ends bit for bit where the same PowerSGD run that never stopped ends (issue 23:
+        # it did not, before DDP's buckets were settled before the first step)
+        straight = run_dirs(submitit_sweep[0])["rank2"]
+        same_rows(read_rows(straight), read_rows(dirs["rank2"]))
+        same_weights(straight, dirs["rank2"])
