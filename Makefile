@@ -6,7 +6,7 @@ PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-# Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|submitit_local,
+# Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|slurm_local|submitit_local,
 # SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
 # ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go),
 # OUT=folder (its report, or make claim-<name>'s figure and table; default results/<sweep>/,
@@ -43,7 +43,7 @@ CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),res
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
 	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
-	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines \
+	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines slurm-up slurm-down test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
 install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
@@ -53,7 +53,7 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/; then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/ (its table printed); then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
 	@$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
 		OUT=results/demo VENV_STAMP=$(VENV_STAMP); status=$$?; \
 	$(MAKE) --no-print-directory scorecard SWEEP=table1 SCALE=tiny VENV_STAMP=$(VENV_STAMP); \
@@ -113,6 +113,15 @@ test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 
 test-fast: $(VENV_STAMP) ## tests without the slow ones
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_FLAGS)
+
+slurm-up: ## a single-node Slurm on this machine (root, Debian's packages; docs/slurm.md): for launcher=slurm_local and make test-slurm
+	@slurm/up.sh
+
+slurm-down: ## stop make slurm-up's Slurm (its jobs are cancelled)
+	@slurm/down.sh
+
+test-slurm: $(VENV_STAMP) ## the tests against a real Slurm (make slurm-up first) and two nodes as network namespaces (root)
+	$(PY) -m pytest -q --slurm -m slurm $(PYTEST_FLAGS)
 
 mutate: $(VENV_STAMP) ## mutation testing of the glue modules (mutmut) [GROUPS="hook lr ..."] -> results/mutation/
 	$(PY) -m tests.mutate $(GROUPS)

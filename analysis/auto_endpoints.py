@@ -38,27 +38,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.artist import Artist
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from scipy import stats as scipy_stats  # scikit-learn's dependency
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from scipy import stats as scipy_stats  # noqa: E402 (scikit-learn's dependency)
-
-import compression  # noqa: E402
-from analysis.claims import load_sweep  # noqa: E402
-from analysis.load import (
-    Frames,  # noqa: E402
-    layer_columns,  # noqa: E402
-)
-from analysis.tables import (
-    markdown,  # noqa: E402
-    run_stats,  # noqa: E402
-)
-from analysis.whatif import load_run  # noqa: E402
-from core.errors import ConfigError  # noqa: E402
-from core.lr import lr_at  # noqa: E402
-from schedulers.accordion_auto import (  # noqa: E402
+import compression
+from analysis import style
+from analysis.claims import load_sweep
+from analysis.load import Frames, layer_columns
+from analysis.tables import markdown, run_stats
+from analysis.whatif import load_run
+from core.errors import ConfigError
+from core.lr import lr_at
+from schedulers.accordion_auto import (
     MODEL,
     RULES,
     Chooser,
@@ -78,6 +73,8 @@ CASES = {  # (benchmark, model, compressor) -> the paper setting it stands for
 }
 KINDS = ("fixed", "hand-picked", "auto")
 MARKERS = {"fixed": "o", "hand-picked": "s", "auto": "*"}
+KIND_NAMES = {"fixed": "a fixed level", "hand-picked": "Accordion, hand-picked endpoints",
+              "auto": "Accordion, measured endpoints"}
 CONFIDENCE = 0.95
 
 
@@ -199,24 +196,29 @@ def _difference(a: pd.Series, b: pd.Series) -> tuple[float, float]:
 
 # ---- figures --------------------------------------------------------------------------------
 def plot_metric_vs_bits(table: pd.DataFrame) -> plt.Figure:
-    """Final metric against data sent, a panel per case, 95% intervals on both axes."""
+    """Final metric against data sent, a panel per case, 95% intervals on both axes; a colour
+    per method, a marker per kind."""
     cases = list(dict.fromkeys(table["case"]))
-    fig, axes = plt.subplots(1, len(cases), figsize=(4.6 * len(cases), 3.8), squeeze=False)
-    for ax, case in zip(axes[0], cases, strict=True):
-        for _, row in table[table["case"] == case].iterrows():
+    looks = style.Looks(table["method"])
+    fig, axes = style.subplots(len(cases))
+    for ax, case in zip(axes.flat, cases, strict=False):
+        rows = table[table["case"] == case]
+        for _, row in rows.iterrows():
             ax.errorbar(row["bits_mean"], row["final_mean"],
                         xerr=_finite(row["bits_ci"]), yerr=_finite(row["final_ci"]),
-                        marker=MARKERS[row["kind"]], ms=11 if row["kind"] == "auto" else 6,
-                        capsize=3, linestyle="none", label=row["method"])
-        ax.set_xscale("log")
-        ax.set_title(case, fontsize=9)
-        ax.set_xlabel("data sent per worker (bits, probe included)")
-        metric = table[table["case"] == case]["metric"].iloc[0]
-        ax.set_ylabel(metric.split("/")[-1])
-        ax.legend(fontsize=6, loc="best")
-    fig.suptitle(f"Measured endpoints (stars) beside the hand-picked ones (squares) and fixed "
-                 f"levels (dots); bars: {CONFIDENCE:.0%} intervals over seeds", fontsize=9)
+                        color=looks.color[row["method"]], marker=MARKERS[row["kind"]],
+                        ms=12 if row["kind"] == "auto" else 6, capsize=3, linestyle="none")
+        ax.set(title=case, xlabel="data sent per worker (bits, probe included)",
+               ylabel=style.label(rows["metric"].iloc[0], "final"))
+        style.count_axis(ax, "x", rows["bits_mean"])
     fig.tight_layout()
+    kinds = [k for k in KINDS if k in set(table["kind"])]
+    handles = [Patch(color=looks.color[m], label=m) for m in looks.methods]
+    handles += [Line2D([], [], color="black", marker=MARKERS[k], ms=10 if k == "auto" else 6,
+                       ls="none", label=KIND_NAMES[k]) for k in kinds]
+    handles.append(Line2D([], [], color="black", marker="|", ms=10, ls="none",
+                          label=f"bars: {CONFIDENCE:.0%} interval over seeds"))
+    style.legend_below(fig, handles)
     return fig
 
 
@@ -246,64 +248,83 @@ def plot_measurements(frames: Frames, runs: pd.DataFrame) -> plt.Figure | None:
     autos = runs[runs["kind"] == "auto"].sort_values("seed").groupby(["case", "method"]).head(1)
     if autos.empty:
         return None
-    fig, axes = plt.subplots(2, len(autos), figsize=(4.6 * len(autos), 6.4), squeeze=False)
+    fig, axes = style.subplots(len(autos), rows=2)
     config = frames.runs.set_index("run_id")
-    for column, (_, run) in enumerate(autos.iterrows()):
-        top, bottom = axes[0, column], axes[1, column]
+    handles: dict[str, Artist] = {}
+    for i, (_, run) in enumerate(autos.iterrows()):
+        row, column = 2 * (i // style.MAX_COLUMNS), i % style.MAX_COLUMNS
+        top, bottom = axes[row, column], axes[row + 1, column]
         epochs = frames.epochs[frames.epochs["run_id"] == run["run_id"]].sort_values("epoch")
-        title = f"{run['case']}\n{run['method']} seed {run['seed']}"
         if layer_columns(epochs, "auto/batch_high"):
-            _plot_batch(top, bottom, epochs)
+            handles.update(_plot_batch(top, bottom, epochs))
         else:
-            _plot_levels(top, bottom, epochs, harm_data(frames, run["run_id"]),
-                         config.loc[run["run_id"]])
-        top.set_title(title, fontsize=8)
+            handles.update(_plot_levels(top, bottom, epochs, harm_data(frames, run["run_id"]),
+                                        config.loc[run["run_id"]]))
+        top.set_title(f"{run['case']}\n{run['method']} seed {run['seed']}")
+        for ax in (top, bottom):
+            ax.set_xlabel("epoch")
+            style.epoch_axis(ax)
     fig.tight_layout()
+    style.legend_below(fig, list(handles.values()))
     return fig
 
 
 def _plot_levels(top: plt.Axes, bottom: plt.Axes, epochs: pd.DataFrame, harm: pd.DataFrame,
-                 config: pd.Series) -> None:
+                 config: pd.Series) -> dict[str, Artist]:
+    """Top: harm h per level (median, IQR band over layers), the rule's fractions; bottom: the
+    share of layers at each level and the critical share. Returns the legend handles."""
+    levels = epochs[layer_columns(epochs, "level")]
+    values = sorted({float(v) for v in pd.unique(levels.values.ravel()) if not pd.isna(v)}
+                    | {float(v) for v in harm.get("level", [])})
+    looks = style.Looks([f"level {v:g}" for v in values])
     if not harm.empty:
+        drawn = []
         for level, group in harm.groupby("level", sort=False):
+            name = f"level {float(level):g}"
             by_epoch = group.groupby("epoch")["harm"]
-            median = by_epoch.median()
-            top.plot(median.index, median.values, marker="o", ms=3, label=f"level {level}")
-            top.fill_between(median.index, by_epoch.quantile(0.25), by_epoch.quantile(0.75),
-                             alpha=0.15)
+            median, low, high = by_epoch.median(), by_epoch.quantile(0.25), by_epoch.quantile(0.75)
+            top.plot(median.index, median.values, label=name, **looks.line(name))
+            top.fill_between(median.index, low, high, color=looks.color[name],
+                             alpha=style.BAND_ALPHA, lw=0)
+            drawn += [*low, *high]
         for name in ("fraction_low", "fraction_high"):
             value = config.get(f"scheduler.{name}")
             if value is not None and not pd.isna(value):
                 top.axhline(value, ls="--", lw=0.8, color="grey")
-        top.set_yscale("log")
-        top.set_ylabel("h = dropped share / noise share\n(median, IQR over layers)")
-        top.legend(fontsize=6)
-    levels = epochs[layer_columns(epochs, "level")]
-    for value in sorted(pd.unique(levels.values.ravel())):
-        bottom.plot(epochs["epoch"], (levels == value).mean(axis=1), marker=".",
-                    label=f"level {value:g}")
+        top.set_ylabel("h = dropped share / noise share")
+        style.count_axis(top, "y", drawn, plain=True)
+    for value in values:
+        name = f"level {value:g}"
+        bottom.plot(epochs["epoch"], (levels == value).mean(axis=1), label=name,
+                    **looks.line(name))
     critical = epochs[layer_columns(epochs, "critical")].mean(axis=1)
-    bottom.fill_between(epochs["epoch"], 0, critical, color="grey", alpha=0.15,
-                        label="critical share")
-    bottom.set_xlabel("epoch")
+    bottom.fill_between(epochs["epoch"], 0, critical, color="grey", alpha=style.BAND_ALPHA)
     bottom.set_ylabel("share of layers")
-    bottom.legend(fontsize=6)
+    handles = {n: looks.handle(n) for n in looks.methods}
+    handles["iqr"] = style.band_handle("h: median over layers, band their IQR")
+    handles["fractions"] = Line2D([], [], ls="--", lw=0.8, color="grey",
+                                  label="the rule's fractions (fraction_low, fraction_high)")
+    handles["critical"] = Patch(color="grey", alpha=style.BAND_ALPHA * 1.5,
+                                label="share of layers critical")
+    return handles
 
 
-def _plot_batch(top: plt.Axes, bottom: plt.Axes, epochs: pd.DataFrame) -> None:
+def _plot_batch(top: plt.Axes, bottom: plt.Axes, epochs: pd.DataFrame) -> dict[str, Artist]:
+    """Top: the measured noise scale and the chosen B_high; bottom: the batch used. Returns
+    the legend handles."""
     measured = epochs.dropna(subset=[f"auto/noise_scale/{MODEL}"])
-    top.plot(measured["epoch"], measured[f"auto/noise_scale/{MODEL}"], marker="o",
-             label="B_simple (measured)")
-    top.plot(measured["epoch"], measured[f"auto/batch_high/{MODEL}"], marker="s",
-             label="B_high chosen")
-    top.set_yscale("log")
+    looks = style.Looks(["B_simple (measured)", "B_high chosen", "batch used"])
+    for name, frame, key in (("B_simple (measured)", measured, "auto/noise_scale"),
+                             ("B_high chosen", measured, "auto/batch_high")):
+        top.plot(frame["epoch"], frame[f"{key}/{MODEL}"], **looks.line(name))
     top.set_ylabel("global batch")
-    top.legend(fontsize=6)
-    bottom.plot(epochs["epoch"], epochs["batch_size"], marker=".", label="batch used")
-    bottom.set_yscale("log")
-    bottom.set_xlabel("epoch")
-    bottom.set_ylabel("global batch")
-    bottom.legend(fontsize=6)
+    style.count_axis(top, "y", [*measured[f"auto/noise_scale/{MODEL}"],
+                                *measured[f"auto/batch_high/{MODEL}"]], plain=True)
+    bottom.plot(epochs["epoch"], epochs["batch_size"], drawstyle="steps-mid",
+                **looks.line("batch used"))
+    bottom.set_ylabel(style.label("batch_size"))
+    style.value_axis(bottom, "y", epochs["batch_size"])
+    return {n: looks.handle(n) for n in looks.methods}
 
 
 # ---- output ---------------------------------------------------------------------------------
@@ -357,8 +378,7 @@ def write(frames: Frames, out: Path) -> list[Path]:
                ("measurements", plot_measurements(frames, runs))]
     for name, figure in figures:
         if figure is not None:
-            figure.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
-            plt.close(figure)
+            style.save(figure, [out / f"{name}.png"])
             written.append(out / f"{name}.png")
     return written
 

@@ -27,14 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from analysis import provenance  # noqa: E402
-from analysis.load import Frames, load_records, usable  # noqa: E402
+from analysis import provenance, style
+from analysis.load import Frames, load_records, usable
 
 NAMES = ("residues", "fig2b", "overlap", "batch", "learners", "minibatch")
 
@@ -68,9 +64,7 @@ def write(name: str, frames: Frames, out: Path) -> list[Path]:
     claim = module(name)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / claim.FIGURE, out / "table.md", out / "table.csv"]
-    figure = claim.plot(frames)
-    figure.savefig(paths[0], dpi=150, bbox_inches="tight")
-    plt.close(figure)
+    style.save(claim.plot(frames), paths[:1])
     left_out = len(frames.problems)
     note = f"\n{left_out} run(s) left out: see their run records.\n" if left_out else ""
     paths[1].write_text(claim.table(frames) + note + "\n" + made_by(frames.runs) + "\n")

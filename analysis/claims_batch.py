@@ -14,6 +14,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from analysis import style
 from analysis.load import Frames, layer_columns
 from analysis.tables import markdown
 
@@ -50,23 +51,40 @@ def critical_epochs(run: pd.DataFrame) -> list[int]:
     return [int(e) for e, c in zip(run["epoch"], run["critical"], strict=True) if c == 1]
 
 
+def method_order(points: pd.DataFrame) -> list[str]:
+    """The methods as the table lists them: per family the low endpoint (a baseline), the high
+    one, then Accordion."""
+    rank = {m: (2 if m.startswith("accordion") else 0 if (points["baseline"] == m).any() else 1)
+            for m in points["method"].unique()}
+    ordered = points.assign(_rank=points["method"].map(rank)).sort_values(["family", "_rank"])
+    return list(dict.fromkeys(ordered["method"]))
+
+
 def plot(frames: Frames) -> plt.Figure:
-    """Test accuracy per epoch, a panel per family, Accordion's critical epochs shaded."""
+    """Test accuracy per epoch (mean, ±1 std over seeds), a panel per family; under the curves,
+    Accordion's critical epochs (darker: more seeds)."""
     points = data(frames)
     families = sorted(points["family"].unique())
-    fig, axes = plt.subplots(1, len(families), figsize=(5.5 * len(families), 3.8), sharey=True,
-                             squeeze=False)
-    for ax, fam in zip(axes[0], families, strict=True):
-        for (method, _), run in points[points["family"] == fam].groupby(["method", "seed"]):
-            ax.plot(run["epoch"], run["accuracy"], marker="o", ms=3, label=method)
-            for e in critical_epochs(run):
-                ax.axvspan(e - 0.5, e + 0.5, color="grey", alpha=0.12, lw=0)
-        ax.set_title(f"Accordion on the {'batch size' if fam == 'batch' else 'compression'}"
-                     " (shaded: its critical epochs)")
-        ax.set_xlabel("epoch")
-        ax.legend(fontsize=7, loc="lower right")
-    axes[0, 0].set_ylabel("test accuracy (%)")
+    looks = style.Looks(method_order(points))
+    fig, axes = style.subplots(len(families), sharey=True)
+    handles, banded = [], False
+    for ax, fam in zip(axes.flat, families, strict=False):
+        part = points[points["family"] == fam]
+        strips = []
+        for method in [m for m in looks.methods if m in set(part["method"])]:
+            runs = part[part["method"] == method]
+            banded |= style.band(ax, runs, "epoch", "accuracy", looks.line(method))
+            handles.append(looks.handle(method))
+            if runs["critical"].notna().any():
+                strips.append((looks.color[method], runs.groupby("epoch")["critical"].mean()))
+                handles.append(style.strip_handle(
+                    looks.color[method], f"{method}: critical epochs\n(darker: more seeds)"))
+        style.epoch_strips(ax, strips)
+        ax.set(title=f"Accordion on the {'batch size' if fam == 'batch' else 'compression'}",
+               xlabel="epoch", ylabel=style.label("test/accuracy"))
+        style.epoch_axis(ax)
     fig.tight_layout()
+    style.legend_below(fig, handles + ([style.band_handle()] if banded else []))
     return fig
 
 
@@ -87,8 +105,7 @@ def table(frames: Frames) -> str:
                      "steps vs low endpoint": f"{run['steps'].sum() / low['steps'].sum():.2f}",
                      "critical epochs": ", ".join(map(str, crit)) if crit else "-"})
     frame = pd.DataFrame(rows)
-    rank = frame["method"].map(lambda m: 2 if m.startswith("accordion") else
-                               0 if (points["baseline"] == m).any() else 1)
+    rank = frame["method"].map(method_order(points).index)
     return markdown(frame.assign(_rank=rank).sort_values(["family", "_rank", "seed"])
                     .drop(columns="_rank"))
 

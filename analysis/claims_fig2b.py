@@ -12,6 +12,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from analysis import style
 from analysis.load import Frames
 from analysis.tables import markdown
 
@@ -48,22 +49,28 @@ def switch_epoch(frames: Frames) -> int | None:
 
 
 def plot(frames: Frames) -> plt.Figure:
-    """Test accuracy per epoch, a line per method; k marked."""
+    """Test accuracy per epoch, a line per method (mean, ±1 std over seeds); k marked."""
     points = data(frames)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for (method, seed), run in points.groupby(["method", "seed"]):
-        ax.plot(run["epoch"], run["accuracy"], marker="o", ms=3,
-                label=f"{label(method)}" + (f" (seed {seed})" if points["seed"].nunique() > 1
-                                            else ""))
+    methods = [m for m in LABELS if m in set(points["method"])]
+    methods += sorted(set(points["method"]) - set(methods))
+    looks = style.Looks(methods)
+    fig, axes = style.subplots(1)
+    ax = axes[0, 0]
+    banded = False
+    for method in methods:
+        banded |= style.band(ax, points[points["method"] == method], "epoch", "accuracy",
+                             looks.line(method))
     k = switch_epoch(frames)
     if k is not None:
         ax.axvline(k - 0.5, color="grey", ls="--", lw=1)
-        ax.text(k - 0.4, ax.get_ylim()[0] + 2, f"k = {k}", color="grey", fontsize=8)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy (%)")
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("High compression early vs late (Agarwal et al. Fig. 2b)")
+        ax.annotate(f"k = {k}", (k - 0.5, 1), xycoords=("data", "axes fraction"),
+                    xytext=(3, -3), textcoords="offset points", va="top", color="grey")
+    ax.set(title="Agarwal et al. Fig. 2b: high compression early or late", xlabel="epoch",
+           ylabel=style.label("test/accuracy"))
+    style.epoch_axis(ax)
     fig.tight_layout()
+    handles = [looks.handle(m, text=label(m)) for m in methods]
+    style.legend_below(fig, handles + ([style.band_handle()] if banded else []))
     return fig
 
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
-from matplotlib.ticker import FormatStrFormatter
+from matplotlib.lines import Line2D
 
-from analysis.figures import STYLE
+from analysis import style
 from analysis.load import Frames
 from analysis.tables import markdown, run_stats
 
@@ -91,9 +90,9 @@ def learners_table(data: pd.DataFrame) -> pd.DataFrame:
 def plot_learners(data: pd.DataFrame) -> plt.Figure:
     """(a) final accuracy vs learners per optimizer, the uncompressed run dashed; (b) effective
     compression per layer type vs learners, the paper's 40x / 200x dotted."""
-    sns.set_theme(**STYLE)
-    fig, (acc, comp) = plt.subplots(1, 2, figsize=(9.0, 3.4))
-    colours = dict(zip(OPTIMIZERS, sns.color_palette(n_colors=len(OPTIMIZERS)), strict=True))
+    fig, axes = style.subplots(2)
+    acc, comp = axes[0]
+    colours = dict(zip(OPTIMIZERS, style.colors(len(OPTIMIZERS)), strict=True))
     ada = data[data["compressor"] != "none"]
     for optimizer, label in OPTIMIZERS.items():
         mine = ada[ada["optimizer"] == optimizer]
@@ -109,25 +108,27 @@ def plot_learners(data: pd.DataFrame) -> plt.Figure:
             comp.plot(mine["learners"], mine[f"{kind}_x"], marker=marker,
                       ls="-" if kind == "conv" else ":", color=colours[optimizer],
                       label=f"{kind}, {label}")
-    for kind, value in PAPER_X.items():
-        comp.axhline(value, color="grey", ls=":", lw=1)
-        comp.annotate(f"paper {kind} {value:.0f}x", (1, value), fontsize=7, color="grey",
-                      va="bottom")
-    acc.legend(fontsize=7)
-    return finish(fig, acc, comp, "learners (simulated)")
+    return finish(fig, acc, comp, "learners (simulated)", ada["learners"])
 
 
-def finish(fig: plt.Figure, acc: plt.Axes, comp: plt.Axes, xlabel: str) -> plt.Figure:
-    """Both figures' axes: log2 x, accuracy and log compression y, the compression legend."""
+def finish(fig: plt.Figure, acc: plt.Axes, comp: plt.Axes, xlabel: str,
+           xs: pd.Series) -> plt.Figure:
+    """Both figures' axes: a tick at each x (log2), accuracy and compression y (log over a
+    decade) with the paper's rates dotted, one legend under both panels."""
     for ax in (acc, comp):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))  # 1, 2, 4 rather than 2^k
+        style.value_axis(ax, "x", xs)
         ax.set_xlabel(xlabel)
     acc.set_ylabel("final test accuracy (%)")
     comp.set_ylabel("effective compression (x)")
-    comp.set_yscale("log")
-    comp.legend(fontsize=7)
+    values = [v for line in comp.get_lines() for v in line.get_ydata()]
+    for value in PAPER_X.values():
+        comp.axhline(value, color="grey", ls=":", lw=1)
+    style.count_axis(comp, "y", [*values, *PAPER_X.values()])
     fig.tight_layout()
+    handles = [h for ax in (acc, comp) for h in ax.get_legend_handles_labels()[0]]
+    paper = ", ".join(f"{kind} {value:.0f}x" for kind, value in PAPER_X.items())
+    handles.append(Line2D([], [], color="grey", ls=":", lw=1, label=f"the paper: {paper}"))
+    style.legend_below(fig, handles)
     return fig
 
 

@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 
-from analysis.claims_learners import (
-    OPTIMIZERS,
-    PAPER_X,
-    accuracy,
-    claim_data,
-    compression,
-    finish,
-)
-from analysis.figures import STYLE
+from analysis import style
+from analysis.claims_learners import OPTIMIZERS, accuracy, claim_data, compression, finish
 from analysis.load import Frames
 from analysis.tables import markdown
 
@@ -39,14 +31,14 @@ def batch_table(data: pd.DataFrame) -> pd.DataFrame:
 def plot_batch(data: pd.DataFrame) -> plt.Figure:
     """Effective compression per layer type vs the per-learner mini-batch (AdaComp Fig. 7a),
     and the final accuracy of each run beside it."""
-    sns.set_theme(**STYLE)
-    fig, (comp, acc) = plt.subplots(1, 2, figsize=(9.0, 3.4))
+    fig, axes = style.subplots(2)
+    comp, acc = axes[0]
     ada = data[data["compressor"] != "none"]
-    for kind, marker in (("conv", "o"), ("fc", "s")):
-        comp.plot(ada["per_learner_batch"], ada[f"{kind}_x"], marker=marker, label=kind)
-        comp.axhline(PAPER_X[kind], color="grey", ls=":", lw=1)
-    acc.plot(ada["per_learner_batch"], ada["final"], "o-")
-    return finish(fig, acc, comp, "per-learner mini-batch")
+    looks = style.Looks(["conv", "fc"])
+    for kind in looks.methods:
+        comp.plot(ada["per_learner_batch"], ada[f"{kind}_x"], label=kind, **looks.line(kind))
+    acc.plot(ada["per_learner_batch"], ada["final"], "o-", color="0.3")
+    return finish(fig, acc, comp, "per-learner mini-batch", ada["per_learner_batch"])
 
 
 def data(frames: Frames) -> pd.DataFrame:

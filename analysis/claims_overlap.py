@@ -14,6 +14,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from analysis import style
 from analysis.load import Frames, layer_columns
 from analysis.tables import markdown
 
@@ -58,33 +59,31 @@ def mean_overlap(frames: Frames, prefix: str) -> pd.Series:
 
 def plot(frames: Frames) -> plt.Figure:
     """Mean over layers (line), lowest layer (dotted) and whole model (dashed) overlap per
-    epoch; a panel per global batch."""
+    epoch, a line per seed; a panel per global batch."""
     points = data(frames)
     batches = sorted(points["batch"].unique())
-    fig, axes = plt.subplots(1, len(batches), figsize=(4.5 * len(batches), 3.4), sharey=True,
-                             squeeze=False)
-    colours = dict(zip(KINDS.values(), ("tab:blue", "tab:orange"), strict=True))
-    for ax, batch in zip(axes[0], batches, strict=True):
-        for (kind, _), run in points[points["batch"] == batch].groupby(["kind", "seed"]):
+    fig, axes = style.subplots(len(batches), sharey=True)
+    colours = dict(zip(KINDS.values(), style.colors(len(KINDS)), strict=True))
+    first = points["seed"].min()
+    for ax, batch in zip(axes.flat, batches, strict=False):
+        for (kind, seed), run in points[points["batch"] == batch].groupby(["kind", "seed"]):
+            shown = seed == first  # one legend entry per kind and line, not per seed
             ax.plot(run["epoch"], run["mean"], marker="o", ms=3, color=colours[kind],
-                    label=f"{kind}: layer mean")
+                    label=f"{kind}: layer mean" if shown else None)
             ax.plot(run["epoch"], run["min"], ls=":", color=colours[kind],
-                    label=f"{kind}: lowest layer")
+                    label=f"{kind}: lowest layer" if shown else None)
             ax.plot(run["epoch"], run["model"], ls="--", marker="s", ms=3, color=colours[kind],
-                    label=f"{kind}: whole model")
+                    label=f"{kind}: whole model" if shown else None)
         ax.axhline(PAPER, color="grey", ls="-", lw=1, label="paper: > 0.9")
         ax.axhline(points["top"].iloc[0], color="grey", ls="-.", lw=1,
                    label="chance (independent supports)")
-        ax.set_title(f"global batch {batch} ({batch // 2} per worker)")
-        ax.set_xlabel("epoch")
-        ax.set_ylim(0, 1.02)
-    axes[0, 0].set_ylabel("top-10% support overlap")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4,
-               bbox_to_anchor=(0.5, -0.12))
+        ax.set(title=f"global batch {batch} ({batch // 2} per worker)", xlabel="epoch",
+               ylabel="top-10% support overlap", ylim=(0, 1.02))
+        style.epoch_axis(ax)
     fig.suptitle("Top-10% coordinates of gradients: overlap over training (Agarwal et al. "
                  "Fig. 4a)")
     fig.tight_layout()
+    style.legend_below(fig, axes[0, 0].get_legend_handles_labels()[0])
     return fig
 
 

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from analysis import style
 from analysis.load import Frames, layer_columns
 from analysis.tables import markdown
 
@@ -58,29 +59,29 @@ def largest_residue(frames: Frames) -> pd.Series:
 
 
 def plot(frames: Frames) -> plt.Figure:
-    """Largest |residue| (log) and test accuracy per epoch; a column per L_T."""
+    """Largest |residue| (log) and test accuracy per epoch, a line per run; a column per L_T."""
     points = data(frames)
     sizes = sorted(points["bin_size"].unique())
-    fig, axes = plt.subplots(2, len(sizes), figsize=(4 * len(sizes), 5.5), sharex=True,
-                             squeeze=False)
-    colours = {"soft threshold": "tab:blue", "hard LS": "tab:red"}
-    for col, size in enumerate(sizes):
+    fig, axes = style.subplots(len(sizes), rows=2, sharex=True)
+    colours = dict(zip(("soft threshold", "hard LS"), style.colors(5)[::4], strict=True))
+    first = points["seed"].min()
+    for i, size in enumerate(sizes):
+        top = axes[2 * (i // style.MAX_COLUMNS), i % style.MAX_COLUMNS]
+        bottom = axes[2 * (i // style.MAX_COLUMNS) + 1, i % style.MAX_COLUMNS]
         for (kind, seed), run in points[points["bin_size"] == size].groupby(
                 ["selection", "seed"]):
-            label = kind if seed == points["seed"].min() else None
-            axes[0, col].plot(run["epoch"], run["residue_absmax"], marker="o", ms=3,
-                              color=colours[kind], label=label)
-            axes[1, col].plot(run["epoch"], run["accuracy"], marker="o", ms=3,
-                              color=colours[kind], label=label)
-        axes[0, col].set_yscale("log")
-        axes[0, col].set_title(f"L_T = {size}")
-        axes[1, col].set_xlabel("epoch")
-    axes[0, 0].set_ylabel("max |residue| (all layers)")
-    axes[1, 0].set_ylabel("test accuracy (%)")
-    axes[0, 0].legend()
+            label = kind if seed == first else None  # one legend entry per selection
+            top.plot(run["epoch"], run["residue_absmax"], marker="o", ms=3,
+                     color=colours[kind], label=label)
+            bottom.plot(run["epoch"], run["accuracy"], marker="o", ms=3, color=colours[kind])
+        top.set_yscale("log")
+        top.set(title=f"bin size L_T = {size}", ylabel="max |residue| (all layers)")
+        bottom.set(xlabel="epoch", ylabel=style.label("test/accuracy"))
+        style.epoch_axis(bottom)
     fig.suptitle("AdaComp residues: soft threshold vs hard Local Selection (Chen et al. Figs. "
-                 "4-6)")
+                 "4-6); a line per seed")
     fig.tight_layout()
+    style.legend_below(fig, axes[0, 0].get_legend_handles_labels()[0])
     return fig
 
 

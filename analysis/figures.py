@@ -1,37 +1,44 @@
-"""The papers' figures from the loaded frames: a tidy data frame and a seaborn plot for each.
+"""The papers' figures from the loaded frames: a tidy data frame and a plot for each.
 
 Each figure is a pair: ``<name>_data(frames, ...)`` returns exactly what is drawn (one row per
-point; tests check these), and ``plot_<name>(data)`` draws it in the one style of the suite
-(:data:`STYLE`, methods in the same colours in every figure). :func:`make_figures` writes every
-figure that has data as ``<out>/<name>.png`` and ``.pdf`` and returns them with their data.
+point; tests check these), and ``plot_<name>(data, looks)`` draws it in the suite's one style
+(:mod:`analysis.style`; :func:`looks`: every run group in the same colour, marker and line style
+in every figure of a report). :func:`make_figures` writes every figure that has data as
+``<out>/<name>.png`` and ``.pdf`` and returns them with their data. docs/analysis.md says how to
+read each one.
 
-Panels are run groups' model (and dataset where a sweep has several); colours are methods,
-line styles variants. Curves are means over seeds with a +-1 std band.
+Panels are run groups' model (and dataset where a sweep has several); a run group is a method
+and variant (the variant named where it is not ``ours``). Curves are means over seeds with a
+±1 std band; one legend under the panels names every line, band and shading.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.artist import Artist
+from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+import compression
+from analysis import style
+from analysis.load import IDENTITY, Frames
+from analysis.reference import PAPER_SCALE, table_label
+from analysis.tables import BITS_PER_FLOAT, sort
 
-from analysis.load import IDENTITY, Frames  # noqa: E402
-from analysis.reference import PAPER_SCALE, table_label  # noqa: E402
-from analysis.tables import BITS_PER_FLOAT, sort  # noqa: E402
-
-STYLE = {"context": "paper", "style": "whitegrid", "palette": "colorblind", "font_scale": 0.9}
-PANEL_WIDTH, PANEL_HEIGHT, MAX_COLUMNS = 4.2, 3.0, 3
 RATIO_CLIP = 2.0  # ratios above (inf where the previous norm was 0) are drawn at the clip
 ACCORDION = "accordion"
+AUTHORS_LOG = "authors' log"
+REGIMES = {True: "ratio ≥ η: the next interval critical",
+           False: "ratio < η: the next interval not critical"}
+JITTER = 0.25  # epochs: the ratio points of one epoch spread over ± this
 
 
 @dataclass
@@ -66,36 +73,35 @@ def _with_identity(frames: Frames, columns: list[str]) -> pd.DataFrame:
 
 def method_order(frame: pd.DataFrame) -> list[str]:
     """Methods in table order: baseline, the others, Accordion's."""
-    groups = frame[list(IDENTITY) + ["baseline"]].drop_duplicates()
-    return list(dict.fromkeys(sort(groups)["method"]))
+    return list(dict.fromkeys(m for m, _ in _group_order(frame)))
 
 
-Palette = dict[str, tuple[float, float, float]]
+def _group_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """(method, variant) of every run group in table order."""
+    groups = sort(frame[list(IDENTITY) + ["baseline"]].drop_duplicates())
+    return list(dict.fromkeys(zip(groups["method"], groups["variant"], strict=True)))
 
 
-def palette(methods: list[str]) -> Palette:
-    """The colour of every method, the same in every figure of a report."""
-    colours = sns.color_palette(STYLE["palette"], max(len(methods), 1))
-    return dict(zip(methods, colours, strict=False))
+def group_name(method: str, variant: str) -> str:
+    """A run group's name in legends: the method, and its variant unless ``ours``."""
+    return method if variant == "ours" else f"{method} ({variant})"
 
 
-def _methods(data: pd.DataFrame, colours: Palette) -> dict[str, object]:
-    """Seaborn keywords: colour by method (the methods of ``data`` in palette order, so that
-    every panel's legend lists the same), line style or marker by variant."""
-    present = set(data["method"])
-    return {"hue": "method", "hue_order": [m for m in colours if m in present],
-            "palette": colours, "style": "variant"}
+def looks(runs: pd.DataFrame) -> style.Looks:
+    """The look of every run group of ``runs`` (colour and marker by group in table order, line
+    style by variant): the same in every figure of a report."""
+    return style.Looks([group_name(m, v) for m, v in _group_order(runs)],
+                       sorted(set(runs["variant"])))
 
 
-def _grid(panels: list[str], rows: int = 1, height: float = PANEL_HEIGHT
-          ) -> tuple[plt.Figure, np.ndarray]:
-    columns = min(len(panels), MAX_COLUMNS)
-    lines = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(lines * rows, columns, squeeze=False,
-                             figsize=(PANEL_WIDTH * columns, height * lines * rows))
-    for ax in axes.flat[len(panels) * rows:]:
-        ax.set_visible(False)
-    return fig, axes
+def _groups(data: pd.DataFrame, colours: style.Looks
+            ) -> Iterable[tuple[str, str, pd.DataFrame]]:
+    """(name, variant, rows) of each run group in ``data``, in the looks' order."""
+    names = data["method"].combine(data["variant"], group_name)
+    for name in colours.methods:
+        rows = data[names == name]
+        if not rows.empty:
+            yield name, rows["variant"].iloc[0], rows
 
 
 def _first_seeds(frame: pd.DataFrame) -> pd.DataFrame:
@@ -106,10 +112,14 @@ def _first_seeds(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _group_label(frame: pd.DataFrame) -> pd.Series:
-    label = frame["panel"] + " " + frame["method"]
-    if frame["variant"].nunique() > 1:
-        label += " (" + frame["variant"] + ")"
-    return label
+    """Panel and group name: ``resnet18 accordion_rank2_rank1 (authors)``."""
+    return frame["panel"] + " " + frame["method"].combine(frame["variant"], group_name)
+
+
+def _finish(fig: plt.Figure, handles: list[Artist]) -> plt.Figure:
+    fig.tight_layout()
+    style.legend_below(fig, handles)
+    return fig
 
 
 # ---- 1. test metric vs epoch, critical regimes shaded ---------------------------------------
@@ -128,24 +138,27 @@ def curves_data(frames: Frames) -> pd.DataFrame:
                  "critical"]].dropna(subset=["value"])
 
 
-def plot_curves(data: pd.DataFrame, colours: Palette) -> plt.Figure:
-    """Test metric vs epoch per panel; Accordion's critical epochs shaded in its colour."""
+def plot_curves(data: pd.DataFrame, colours: style.Looks) -> plt.Figure:
+    """Test metric vs epoch per panel (mean, ±1 std over seeds); under the curves, a strip per
+    Accordion group marking its critical epochs, darker where more layers were critical."""
     panels = sorted(data["panel"].unique())
-    fig, axes = _grid(panels)
+    fig, axes = style.subplots(len(panels))
+    drawn, banded, stripped = {}, False, {}
     for ax, panel in zip(axes.flat, panels, strict=False):
         part = data[data["panel"] == panel]
-        sns.lineplot(part, x="epoch", y="value", **_methods(data, colours), errorbar="sd", ax=ax,
-                     legend=panel == panels[-1])
-        shaded = part[part["method"].str.startswith(ACCORDION) & part["critical"].notna()]
-        for method, rows in shaded.groupby("method"):
-            for epoch, fraction in rows.groupby("epoch")["critical"].mean().items():
-                if fraction > 0:
-                    ax.axvspan(epoch - 0.5, epoch + 0.5, color=colours[method],
-                               alpha=0.18 * fraction, lw=0)
-        ax.set(title=panel, ylabel=part["metric"].iloc[0])
-    _legend_outside(axes.flat[len(panels) - 1])
-    fig.tight_layout()
-    return fig
+        strips = []
+        for name, variant, rows in _groups(part, colours):
+            banded |= style.band(ax, rows, "epoch", "value", colours.line(name, variant))
+            drawn[name] = variant
+            if name.startswith(ACCORDION) and rows["critical"].notna().any():
+                strips.append((colours.color[name], rows.groupby("epoch")["critical"].mean()))
+                stripped[name] = style.strip_handle(
+                    colours.color[name], f"{name}: critical epochs\n(darker: more layers)")
+        style.epoch_strips(ax, strips)
+        ax.set(title=panel, xlabel="epoch", ylabel=style.label(part["metric"].iloc[0]))
+        style.epoch_axis(ax)
+    handles = _handles(colours, drawn) + ([style.band_handle()] if banded else [])
+    return _finish(fig, handles + list(stripped.values()))
 
 
 # ---- 2. at paper scale: our curve over the authors' -----------------------------------------
@@ -166,31 +179,35 @@ def official_data(frames: Frames, official: pd.DataFrame) -> pd.DataFrame:
         if theirs.empty:
             continue
         for _, row in ours.iterrows():
-            rows.append({"panel": f"{model} {method}", "who": f"ours ({row['variant']})",
+            rows.append({"panel": f"{model} {method}", "who": group_name("ours", row["variant"]),
                          "seed": row["seed"], "epoch": row["epoch"], "value": row["value"],
                          "metric": row["metric"]})
         for _, row in theirs.iterrows():
-            rows.append({"panel": f"{model} {method}", "who": "authors' log", "seed": None,
+            rows.append({"panel": f"{model} {method}", "who": AUTHORS_LOG, "seed": None,
                          "epoch": row["epoch"], "value": row["value"],
                          "metric": "test/" + row["metric"].removeprefix("test_")})
     return pd.DataFrame(rows, columns=["panel", "who", "seed", "epoch", "value", "metric"])
 
 
-def plot_official(data: pd.DataFrame, colours: Palette) -> plt.Figure:
-    """Ours (mean +- std over seeds) and the authors' curve, one panel per model and method."""
+def plot_official(data: pd.DataFrame, colours: style.Looks) -> plt.Figure:
+    """Ours (mean ± std over seeds) and the authors' curve, one panel per model and method."""
     panels = sorted(data["panel"].unique())
-    fig, axes = _grid(panels)
-    whos = sorted(data["who"].unique(), key=lambda w: (w != "authors' log", w))
-    by_who = dict(zip(whos, ["black", *sns.color_palette(STYLE["palette"], len(whos))],
-                      strict=False))  # colours by who, not method: the authors' in black
+    fig, axes = style.subplots(len(panels))
+    ours = sorted(w for w in data["who"].unique() if w != AUTHORS_LOG)
+    whos = style.Looks(ours)  # colours by who, not method; the authors' in black
+    banded = False
     for ax, panel in zip(axes.flat, panels, strict=False):
         part = data[data["panel"] == panel]
-        sns.lineplot(part, x="epoch", y="value", hue="who", hue_order=whos, palette=by_who,
-                     errorbar="sd", ax=ax, legend=panel == panels[-1], lw=1)
-        ax.set(title=panel, ylabel=part["metric"].iloc[0])
-    _legend_outside(axes.flat[len(panels) - 1])
-    fig.tight_layout()
-    return fig
+        theirs = part[part["who"] == AUTHORS_LOG]
+        ax.plot(theirs["epoch"], theirs["value"], color="black", lw=1)
+        for who in ours:
+            look = {**whos.line(who), "marker": None, "lw": 1}
+            banded |= style.band(ax, part[part["who"] == who], "epoch", "value", look)
+        ax.set(title=panel, xlabel="epoch", ylabel=style.label(part["metric"].iloc[0]))
+        style.epoch_axis(ax)
+    handles = [Line2D([], [], color="black", lw=1, label=AUTHORS_LOG)]
+    handles += [Line2D([], [], color=whos.color[w], lw=1, label=w) for w in ours]
+    return _finish(fig, handles + ([style.band_handle()] if banded else []))
 
 
 # ---- 3. per-layer level heat map ------------------------------------------------------------
@@ -199,8 +216,9 @@ def levels_data(frames: Frames) -> pd.DataFrame:
     whose levels a per-layer scheduler set (its rows log ``critical/<layer>``)."""
     columns = [c for c in frames.epochs.columns if c.startswith("level/")]
     data = _with_identity(frames, columns)
+    out_columns = ["run_id", "group", "method", "compressor.name", "layer", "epoch", "level"]
     if data.empty or not columns:
-        return pd.DataFrame(columns=["group", "layer", "epoch", "level"])
+        return pd.DataFrame(columns=out_columns)
     accordion = [c for c in frames.epochs.columns
                  if c.startswith("critical/") and c != "critical/model"]
     scheduled = frames.epochs.loc[frames.epochs[accordion].notna().any(axis=1), "run_id"] \
@@ -210,24 +228,46 @@ def levels_data(frames: Frames) -> pd.DataFrame:
                      var_name="layer", value_name="level").dropna(subset=["level"])
     long["layer"] = long["layer"].str.removeprefix("level/")
     long["group"] = _group_label(long)
-    return long[["run_id", "group", "method", "layer", "epoch", "level"]]
+    return long[out_columns]
 
 
-def plot_levels(data: pd.DataFrame, colours: Palette) -> plt.Figure:
-    """Layers x epochs, coloured by level, one panel per group."""
+def level_name(compressor: str) -> str:
+    """What a compressor's level is (``rank``, ``ratio``, ``bin size``; docs/compressors.md),
+    ``level`` for a compressor outside the registry."""
+    if compressor not in compression.available():
+        return "level"
+    return compression.create(compressor).level_field.replace("_", " ")
+
+
+def plot_levels(data: pd.DataFrame, colours: style.Looks) -> plt.Figure:
+    """Layers x epochs, one discrete colour per level (darker: lower), one panel per group."""
     groups = sorted(data["group"].unique())
-    layers = data["layer"].nunique()
-    fig, axes = _grid(groups, height=max(PANEL_HEIGHT, 0.14 * layers + 1.0))
+    values = sorted(data["level"].unique())
+    shades = sns.color_palette("viridis", len(values))
+    layers = data.groupby("group")["layer"].nunique().max()
+    fig, axes = style.subplots(len(groups), height=max(style.PANEL_HEIGHT, 0.16 * layers + 1.2))
+    names = set()
     for ax, group in zip(axes.flat, groups, strict=False):
         part = data[data["group"] == group]
         order = list(dict.fromkeys(part["layer"]))
-        grid = part.pivot_table(index="layer", columns="epoch", values="level").loc[order]
-        sns.heatmap(grid, ax=ax, cmap="viridis", cbar_kws={"label": "level"},
-                    yticklabels=True, xticklabels=max(1, grid.shape[1] // 10))
-        ax.tick_params(axis="y", labelsize=5)
-        ax.set(title=group, ylabel="")
-    fig.tight_layout()
-    return fig
+        epochs = range(int(part["epoch"].min()), int(part["epoch"].max()) + 1)
+        grid = part.pivot_table(index="layer", columns="epoch", values="level") \
+            .reindex(index=order, columns=epochs)
+        index = grid.apply(lambda column: column.map(values.index, na_action="ignore"))
+        ax.imshow(np.ma.masked_invalid(index.to_numpy(dtype=float)), aspect="auto",
+                  interpolation="nearest", cmap=ListedColormap(shades), vmin=-0.5,
+                  vmax=len(values) - 0.5,
+                  extent=(epochs[0] - 0.5, epochs[-1] + 0.5, len(order) - 0.5, -0.5))
+        ax.set_yticks(range(len(order)), [layer.removesuffix(".weight") for layer in order],
+                      fontsize=6)
+        ax.grid(False)
+        ax.set(title=group, xlabel="epoch")
+        style.epoch_axis(ax)
+        names.add(level_name(part["compressor.name"].iloc[0]))
+    name = names.pop() if len(names) == 1 else "level"
+    handles = [Patch(color=shade, label=f"{name} {value:g}")
+               for value, shade in zip(values, shades, strict=True)]
+    return _finish(fig, handles)
 
 
 # ---- 4. Accordion's ratio per layer vs eta --------------------------------------------------
@@ -252,22 +292,29 @@ def ratios_data(frames: Frames) -> pd.DataFrame:
     return long[out_columns]
 
 
-def plot_ratios(data: pd.DataFrame, colours: Palette) -> plt.Figure:
-    """Ratios at the check epochs against the eta line (above: the next interval is critical)."""
+def plot_ratios(data: pd.DataFrame, colours: style.Looks) -> plt.Figure:
+    """Ratios at the check epochs against the eta line (above: the next interval is critical),
+    every panel on the same y range."""
     groups = sorted(data["group"].unique())
-    fig, axes = _grid(groups)
+    fig, axes = style.subplots(len(groups), sharey=True)
+    regime = {True: style.colors(5)[4], False: style.colors(1)[0]}  # vermilion, blue
+    jitter = np.random.default_rng(0).uniform(-JITTER, JITTER, len(data))
+    shown = data.assign(x=data["epoch"] + jitter, y=data["ratio"].clip(upper=RATIO_CLIP))
+    etas = sorted(data["eta"].dropna().unique())
     for ax, group in zip(axes.flat, groups, strict=False):
-        part = data[data["group"] == group].assign(
-            shown=lambda d: d["ratio"].clip(upper=RATIO_CLIP))
-        sns.stripplot(part, x="epoch", y="shown", hue="critical", hue_order=[False, True],
-                      palette={False: "tab:blue", True: "tab:red"}, size=3, jitter=0.2,
-                      ax=ax, legend=group == groups[-1], native_scale=True)
+        part = shown[shown["group"] == group]
+        for critical, points in part.groupby("critical"):
+            ax.scatter(points["x"], points["y"], s=9, color=regime[bool(critical)], lw=0)
         for eta in part["eta"].dropna().unique():
-            ax.axhline(eta, color="black", ls="--", lw=1, label=f"eta {eta:g}")
-        ax.set(title=group, ylabel=f"ratio (clipped at {RATIO_CLIP:g})", ylim=(0, None))
-    _legend_outside(axes.flat[len(groups) - 1])
-    fig.tight_layout()
-    return fig
+            ax.axhline(eta, color="black", ls="--", lw=1)
+        ax.set(title=group, xlabel="epoch", ylabel=f"ratio (clipped at {RATIO_CLIP:g})")
+        style.epoch_axis(ax)
+    axes[0, 0].set_ylim(0, min(RATIO_CLIP, shown["y"].max()) * 1.05)
+    handles = [Line2D([], [], color=regime[c], marker="o", ls="none", label=REGIMES[c])
+               for c in (True, False)]
+    handles += [Line2D([], [], color="black", ls="--", lw=1, label=f"η = {eta:g}")
+                for eta in etas]
+    return _finish(fig, handles)
 
 
 # ---- 5. cumulative data sent ----------------------------------------------------------------
@@ -281,17 +328,27 @@ def cumulative_data(frames: Frames) -> pd.DataFrame:
     return data[["run_id", *IDENTITY, "seed", "baseline", "panel", "epoch", "floats"]]
 
 
-def plot_cumulative(data: pd.DataFrame, colours: Palette) -> plt.Figure:
-    """Cumulative floats sent per worker vs epoch."""
+def plot_cumulative(data: pd.DataFrame, colours: style.Looks) -> plt.Figure:
+    """Cumulative floats sent per worker vs epoch (mean, ±1 std over seeds)."""
     panels = sorted(data["panel"].unique())
-    fig, axes = _grid(panels)
+    fig, axes = style.subplots(len(panels))
+    drawn, banded = {}, False
     for ax, panel in zip(axes.flat, panels, strict=False):
-        sns.lineplot(data[data["panel"] == panel], x="epoch", y="floats",
-                     **_methods(data, colours), errorbar="sd", ax=ax, legend=panel == panels[-1])
-        ax.set(title=panel, ylabel="floats sent per worker (cumulative)")
-    _legend_outside(axes.flat[len(panels) - 1])
-    fig.tight_layout()
-    return fig
+        part = data[data["panel"] == panel]
+        for name, variant, rows in _groups(part, colours):
+            banded |= style.band(ax, rows, "epoch", "floats", colours.line(name, variant))
+            drawn[name] = variant
+        ax.set(title=panel, xlabel="epoch", ylabel="floats sent per worker (cumulative)")
+        style.epoch_axis(ax)
+        style.count_axis(ax, "y", [])
+    return _finish(fig, _handles(colours, drawn) + ([style.band_handle()] if banded else []))
+
+
+def _handles(colours: style.Looks, drawn: dict[str, str], points: bool = False
+             ) -> list[Artist]:
+    """Legend handles of the run groups drawn (name -> variant), in the looks' order."""
+    return [colours.handle(name, drawn[name], points) for name in colours.methods
+            if name in drawn]
 
 
 # ---- 6. final metric vs total data (Pareto) -------------------------------------------------
@@ -306,19 +363,20 @@ def pareto_data(frames: Frames) -> pd.DataFrame:
     return runs[keep].dropna(subset=["final", "floats"])
 
 
-def plot_pareto(data: pd.DataFrame, colours: Palette) -> plt.Figure:
-    """Final metric vs total data sent, a point per run (log x)."""
+def plot_pareto(data: pd.DataFrame, colours: style.Looks) -> plt.Figure:
+    """Final metric vs total data sent, a point per run (log x where the data span a decade)."""
     panels = sorted(data["panel"].unique())
-    fig, axes = _grid(panels)
+    fig, axes = style.subplots(len(panels))
+    drawn = {}
     for ax, panel in zip(axes.flat, panels, strict=False):
         part = data[data["panel"] == panel]
-        sns.scatterplot(part, x="floats", y="final", **_methods(data, colours), s=40, ax=ax,
-                        legend=panel == panels[-1])
-        ax.set(title=panel, xscale="log", xlabel="floats sent per worker (total)",
-               ylabel=f"final {part['metric'].iloc[0]}")
-    _legend_outside(axes.flat[len(panels) - 1])
-    fig.tight_layout()
-    return fig
+        for name, variant, rows in _groups(part, colours):
+            ax.plot(rows["floats"], rows["final"], **colours.point(name, variant))
+            drawn[name] = variant
+        ax.set(title=panel, xlabel="floats sent per worker (total)",
+               ylabel=style.label(part["metric"].iloc[0], "final"))
+        style.count_axis(ax, "x", part["floats"])
+    return _finish(fig, _handles(colours, drawn, points=True))
 
 
 # ---- 7. batch size and LR over epochs -------------------------------------------------------
@@ -334,43 +392,42 @@ def batch_data(frames: Frames) -> pd.DataFrame:
     return _first_seeds(data[data["panel"].isin(panels)])[columns]
 
 
-def plot_batch(data: pd.DataFrame, colours: Palette) -> plt.Figure:
-    """Batch size (top) and LR (bottom) vs epoch, per panel."""
+def plot_batch(data: pd.DataFrame, colours: style.Looks) -> plt.Figure:
+    """Batch size (top) and LR (bottom) vs epoch, per panel (first seed)."""
     panels = sorted(data["panel"].unique())
-    fig, axes = _grid(panels, rows=2)
+    fig, axes = style.subplots(len(panels), rows=2)
+    drawn = {}
     for i, panel in enumerate(panels):
         part = data[data["panel"] == panel]
-        top, bottom = axes[2 * (i // MAX_COLUMNS), i % MAX_COLUMNS], \
-            axes[2 * (i // MAX_COLUMNS) + 1, i % MAX_COLUMNS]
-        for ax, column in ((top, "batch_size"), (bottom, "lr")):
-            sns.lineplot(part, x="epoch", y=column, **_methods(data, colours),
-                         drawstyle="steps-mid", ax=ax, legend=ax is top and panel == panels[-1])
-        top.set(title=panel, ylabel="global batch size")
-        bottom.set(ylabel="learning rate")
-    _legend_outside(axes[0, min(len(panels), MAX_COLUMNS) - 1])
-    fig.tight_layout()
-    return fig
-
-
-def _legend_outside(ax: plt.Axes) -> None:
-    if ax.get_legend() is not None:
-        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+        row, column = 2 * (i // style.MAX_COLUMNS), i % style.MAX_COLUMNS
+        for ax, key in ((axes[row, column], "batch_size"), (axes[row + 1, column], "lr")):
+            for name, variant, rows in _groups(part, colours):
+                ax.plot(rows["epoch"], rows[key], drawstyle="steps-mid",
+                        **colours.line(name, variant))
+                drawn[name] = variant
+            ax.set(xlabel="epoch", ylabel=style.label(key))
+            style.epoch_axis(ax)
+        axes[row, column].set_title(panel)
+        style.value_axis(axes[row, column], "y", part["batch_size"])
+    return _finish(fig, _handles(colours, drawn))
 
 
 # ---- all of them ----------------------------------------------------------------------------
 FIGURES: dict[str, tuple[str, Callable[..., pd.DataFrame],
-                         Callable[[pd.DataFrame, Palette], plt.Figure]]] = {
-    "curves": ("Test metric per epoch (mean ± std over seeds); shaded: epochs Accordion ran "
-               "in a critical regime (darker: more layers).", curves_data, plot_curves),
-    "official": ("Paper scale: our curves over the authors' logged curve of the same model and "
-                 "method.", official_data, plot_official),
+                         Callable[[pd.DataFrame, style.Looks], plt.Figure]]] = {
+    "curves": ("Test metric per epoch: mean over seeds, band ±1 std; the strips under the "
+               "curves: the epochs an Accordion group ran in a critical regime (darker: more "
+               "layers).", curves_data, plot_curves),
+    "official": ("Paper scale: our curves (mean, band ±1 std over seeds) over the authors' "
+                 "logged curve of the same model and method.", official_data, plot_official),
     "levels": ("Compression level per layer and epoch (first seed of each Accordion group).",
                levels_data, plot_levels),
     "ratios": ("Accordion's ratio | ||Δ_prev|| − ||Δ_now|| | / ||Δ_prev|| per layer at each "
-               "check epoch, against eta (dashed); red: the next interval is critical.",
+               "check epoch (a point per layer and seed, spread sideways), against eta "
+               "(dashed); at or above it, the next interval is critical.",
                ratios_data, plot_ratios),
-    "cumulative": ("Floats sent per worker, cumulative over epochs (comm/bits / 32).",
-                   cumulative_data, plot_cumulative),
+    "cumulative": ("Floats sent per worker, cumulative over epochs (comm/bits / 32; mean, band "
+                   "±1 std over seeds).", cumulative_data, plot_cumulative),
     "pareto": ("Final test metric against the total data sent, one point per run.",
                pareto_data, plot_pareto),
     "batch": ("Global batch size and learning rate per epoch (first seed of each group).",
@@ -378,21 +435,17 @@ FIGURES: dict[str, tuple[str, Callable[..., pd.DataFrame],
 }
 
 
-def make_figures(frames: Frames, out_dir: Path, official: pd.DataFrame | None = None,
-                 dpi: int = 110) -> list[Figure]:
+def make_figures(frames: Frames, out_dir: Path, official: pd.DataFrame | None = None
+                 ) -> list[Figure]:
     """Write every figure that has data to ``out_dir`` (PNG and PDF); return them."""
-    sns.set_theme(**STYLE)
     out_dir.mkdir(parents=True, exist_ok=True)
-    colours = palette(method_order(frames.runs))
+    colours = looks(frames.runs)
     written = []
     for name, (caption, data_of, plot) in FIGURES.items():
         data = data_of(frames, official) if name == "official" else data_of(frames)
         if data.empty or (name == "official" and official is None):
             continue
-        fig = plot(data, colours)
         paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
-        for path in paths:
-            fig.savefig(path, dpi=dpi, bbox_inches="tight")
-        plt.close(fig)
+        style.save(plot(data, colours), paths)
         written.append(Figure(name, caption, data, paths))
     return written

@@ -19,6 +19,7 @@ import argparse
 import base64
 import html
 import math
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,11 +60,22 @@ class Block:
 
 
 # ---- one sweep ------------------------------------------------------------------------------
+@dataclass
+class Written:
+    """A written report: its markdown and HTML pages, and its table's caption and main columns
+    as terminal text ('' without runs)."""
+
+    md: Path
+    html: Path
+    table: str
+
+
 def sweep_report(frames: Frames, sweep: str, out: Path, ref: pd.DataFrame,
                  official: pd.DataFrame | None, etas: Sequence[float] | None = None,
                  intervals: Sequence[int] | None = None, notes: Sequence[str] = ()
-                 ) -> list[Path]:
-    """Write every file of one sweep's report into ``out``; returns report.md and report.html."""
+                 ) -> Written:
+    """Write every file of one sweep's report into ``out``; returns what :class:`Written`
+    holds."""
     out.mkdir(parents=True, exist_ok=True)
     for pattern in OUTPUTS:  # a previous report's files: none may outlive it
         for stale in out.glob(pattern):
@@ -72,7 +84,7 @@ def sweep_report(frames: Frames, sweep: str, out: Path, ref: pd.DataFrame,
     table, unmatched = reference.attach_published(tables.group_table(stats, frames.problems),
                                                   ref)
     scales = ", ".join(sorted(table["scale"].unique())) if not table.empty else "-"
-    caption = _caption(table, sweep)
+    caption = _caption(table, frames.runs, sweep)
     types = reference.attach_layer_types(tables.layer_type_table(stats), ref)
     blocks = [Block("h1", f"{sweep} ({scales})"), Block("h2", "Summary"),
               Block("list", items=summary(table, types, frames, unmatched))]
@@ -113,16 +125,38 @@ def sweep_report(frames: Frames, sweep: str, out: Path, ref: pd.DataFrame,
     md, page = out / "report.md", out / "report.html"
     md.write_text(to_markdown(blocks, out))
     page.write_text(to_html(blocks, f"accordion-bench: {sweep}"))
-    return [md, page]
+    shown = "" if table.empty else f"{caption}\n{tables.terminal(tables.display(table))}"
+    return Written(md, page, shown)
 
 
-def _caption(table: pd.DataFrame, sweep: str) -> str:
+def _caption(table: pd.DataFrame, runs: pd.DataFrame, sweep: str) -> str:
+    """``table1: scale tiny, benchmark cifar10 (data: the synthetic stand-in), compressor
+    powersgd; mean ± std over seeds.``: what every row shares."""
     if table.empty:
         return f"{sweep}: no runs."
-    fixed = [c for c in ("scale", "dataset.name", "compressor.name")
-             if c in table and table[c].nunique() == 1]
-    parts = ", ".join(f"{c.removesuffix('.name')} {table[c].iloc[0]}" for c in fixed)
-    return f"{sweep}: {parts}; mean ± std over seeds."
+    parts = [f"scale {table['scale'].iloc[0]}"] if table["scale"].nunique() == 1 else []
+    data = data_description(runs)
+    parts += [data] if data else []
+    if table["compressor.name"].nunique() == 1:
+        parts.append(f"compressor {table['compressor.name'].iloc[0]}")
+    return f"{sweep}: {', '.join(parts)}; mean ± std over seeds."
+
+
+def data_description(runs: pd.DataFrame) -> str | None:
+    """What data every run of ``runs`` trained on: ``benchmark cifar10`` (its own data),
+    ``benchmark cifar10 (data: the synthetic stand-in)`` (a tiny run standing for it),
+    ``dataset digits`` (a run standing for no benchmark); None where the runs differ."""
+    datasets = set(runs["dataset.name"].dropna())
+    benchmarks = {b if isinstance(b, str) else None
+                  for b in runs.get("benchmark", pd.Series([None]))}
+    if len(datasets) != 1 or len(benchmarks) != 1:
+        return None
+    (dataset,), (benchmark,) = datasets, benchmarks
+    if benchmark is None:
+        return f"dataset {dataset}"
+    if dataset == benchmark:
+        return f"benchmark {benchmark}"
+    return f"benchmark {benchmark} (data: the {dataset} stand-in)"
 
 
 def _display_claims(claims: pd.DataFrame) -> pd.DataFrame:
@@ -300,7 +334,15 @@ def to_markdown(blocks: list[Block], out: Path) -> str:
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;"
        "color:#222}table{border-collapse:collapse;font-size:0.85em;margin:1em 0}"
        "th,td{border-bottom:1px solid #ccc;padding:0.25em 0.6em;text-align:left}"
-       "th{border-bottom:2px solid #444}img{max-width:100%}figcaption{font-size:0.9em}")
+       "th{border-bottom:2px solid #444}img{max-width:100%}figcaption{font-size:0.9em}"
+       "code{font-family:ui-monospace,monospace;font-size:0.9em;background:#f3f3f3;"
+       "padding:0 0.2em}")
+CODE_SPAN = re.compile(r"`([^`]+)`")
+
+
+def inline(text: str) -> str:
+    """``text`` as HTML: escaped, its markdown code spans (`x`) as ``<code>x</code>``."""
+    return CODE_SPAN.sub(r"<code>\1</code>", html.escape(text))
 
 
 def to_html(blocks: list[Block], title: str) -> str:
@@ -308,18 +350,17 @@ def to_html(blocks: list[Block], title: str) -> str:
     body = []
     for b in blocks:
         if b.kind in ("h1", "h2"):
-            body.append(f"<{b.kind}>{html.escape(b.text)}</{b.kind}>")
+            body.append(f"<{b.kind}>{inline(b.text)}</{b.kind}>")
         elif b.kind == "p":
-            body.append(f"<p>{html.escape(b.text)}</p>")
+            body.append(f"<p>{inline(b.text)}</p>")
         elif b.kind == "list":
-            body.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in b.items)
-                        + "</ul>")
+            body.append("<ul>" + "".join(f"<li>{inline(i)}</li>" for i in b.items) + "</ul>")
         elif b.kind == "table":
             body.append(b.table.to_html(index=False, escape=True, border=0))
         elif b.kind == "figure":
             png = base64.b64encode(b.figure.paths[0].read_bytes()).decode()
             body.append(f'<figure><img alt="{b.figure.name}" src="data:image/png;base64,{png}">'
-                        f"<figcaption>{html.escape(b.figure.caption)}</figcaption></figure>")
+                        f"<figcaption>{inline(b.figure.caption)}</figcaption></figure>")
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
             f"</title><style>{CSS}</style></head><body>\n" + "\n".join(body)
             + "\n</body></html>\n")
@@ -413,9 +454,11 @@ def _run(args: argparse.Namespace) -> int:
         notes = [f"Source: {source}."]
         if args.verify_wandb and args.runs_dir is not None:
             notes.append(_verify(args.runs_dir, part))
-        paths = sweep_report(part, sweep, out, ref, official, args.eta, args.interval, notes)
+        written = sweep_report(part, sweep, out, ref, official, args.eta, args.interval, notes)
         print(f"{sweep}: {len(part.runs)} runs, {len(part.problems)} left out -> "
-              f"{paths[0]} , {paths[1]}")
+              f"{written.md} , {written.html}")
+        if written.table:
+            print(f"{written.table}\n(every column: {out / 'table.md'})")
     return 0
 
 

@@ -330,6 +330,19 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     return with_provenance(out, table)
 
 
+TERMINAL = ("seeds", "published", "diff", "data sent (floats)", "reduction", "critical (%)")
+
+
+def terminal(shown: pd.DataFrame) -> str:
+    """The main columns of a shown table (:func:`display`) as aligned text for a terminal: the
+    identity columns, seeds, final metric, published number and difference, data sent,
+    reduction and critical share (the files hold every column)."""
+    identity = list(shown.columns[:list(shown.columns).index("seeds")])
+    keep = [c for c in shown.columns
+            if c in identity or c in TERMINAL or c.startswith("final ")]
+    return shown[keep].to_string(index=False)
+
+
 def seeds(counted: int, incomplete: int, skipped: int) -> str:
     """``3``, ``3 (1 incomplete)``, ``2 (+1 skipped)``: runs with a final metric, how many of
     them are kept incomplete (``--include-incomplete``), and the runs left out."""

@@ -112,6 +112,13 @@ class Claim:
         return f"{self.metric}: {effect} {self.direction} {self.bound:g}"
 
 
+def own_verdicts(path: str | Path | None = None) -> dict[str, str]:
+    """The sweeps that ask the suite's own questions rather than the papers' (the claims file's
+    ``own_verdicts``): sweep -> the analysis that writes their verdicts."""
+    document = yaml.safe_load(Path(path or CLAIMS_FILE).read_text())
+    return dict(document.get("own_verdicts") or {})
+
+
 def load_claims(path: str | Path | None = None) -> list[Claim]:
     """The claims of ``path`` (default :data:`CLAIMS_FILE`), templates expanded; a
     ConfigError (one line naming the file, the claim and the field) on anything malformed."""

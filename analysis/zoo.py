@@ -41,17 +41,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import yaml
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
-
-import compression  # noqa: E402
-from analysis.claims import load_sweep  # noqa: E402
-from analysis.tables import markdown, mean_std, run_stats  # noqa: E402
+import compression
+from analysis import style
+from analysis.claims import load_sweep
+from analysis.tables import markdown, mean_std, run_stats
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "conf" / "sweep" / "zoo.yaml"
@@ -273,37 +272,45 @@ def recovery_markdown(table: pd.DataFrame) -> str:
 
 
 # ---- the figure ----------------------------------------------------------------------------------
+# role -> marker, fill, size and legend text; a compressor's colour is the same in every panel
+ROLE_LOOKS = {"light": ("o", "full", 6, "light level"), "heavy": ("o", "none", 6, "heavy level"),
+              "accordion": ("*", "full", 12, "Accordion between them"),
+              "fixed": ("s", "full", 6, "no levels: one run"),
+              "warmup": ("D", "none", 6, "DGC's warm-up")}
+ZOO_PANEL = 1.5  # the zoo's panels: 1.5 x the suite's (up to fifteen compressors each)
+
+
 def pareto(table: pd.DataFrame) -> plt.Figure:
-    """Final metric against Gbit sent, per model; each compressor's Accordion point joined to
-    its light and heavy points (dashed); DGC's warm-up a hollow marker."""
+    """Final metric (mean ± std over seeds) against bits sent, per model; each compressor's
+    Accordion point joined to its light and heavy points (dashed)."""
     models = sorted(table["model"].unique())
-    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5), squeeze=False)
     names = sorted(table["compressor"].unique())
-    colours = dict(zip(names, plt.get_cmap("tab20")(np.linspace(0, 1, len(names))), strict=True))
-    for ax, model in zip(axes[0], models, strict=True):
-        rows = table[table["model"] == model]
+    colours = dict(zip(names, style.colors(len(names)), strict=True))
+    fig, axes = style.subplots(len(models), width=ZOO_PANEL * style.PANEL_WIDTH,
+                               height=ZOO_PANEL * style.PANEL_HEIGHT)
+    for ax, model in zip(axes.flat, models, strict=False):
+        rows = table[table["model"] == model].assign(bits=lambda t: t["gbit"] * 1e9)
         for name, runs in rows.groupby("compressor"):
             points = runs.set_index("role")
-            colour = colours[name]
-            if "accordion" in points.index:
-                for end in ("light", "heavy"):
-                    if end in points.index:
-                        ax.plot(points.loc[["accordion", end], "gbit"],
-                                points.loc[["accordion", end], "final"], "--", color=colour,
-                                lw=1)
+            for end in ("light", "heavy"):
+                if {"accordion", end} <= set(points.index):
+                    ax.plot(points.loc[["accordion", end], "bits"],
+                            points.loc[["accordion", end], "final"], "--", color=colours[name],
+                            lw=1)
             for role, point in points.iterrows():
-                ax.errorbar(point["gbit"], point["final"], yerr=point["final_std"], color=colour,
-                            marker={"accordion": "*", "warmup": "o"}.get(role, "o"),
-                            mfc="none" if role == "warmup" else colour,
-                            ms=11 if role == "accordion" else 6, capsize=2,
-                            label=name if role in ("accordion", "fixed") else None)
-        ax.set_xscale("log")
-        ax.set_xlabel("Gbit sent per worker (the papers' count)")
-        ax.set_ylabel(rows["metric"].iloc[0])
-        ax.set_title(f"{model}: star = Accordion, joined to its light and heavy levels")
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, ncol=2, loc="best")
+                marker, fill, size, _ = ROLE_LOOKS[role]
+                ax.errorbar(point["bits"], point["final"], yerr=point["final_std"],
+                            color=colours[name], marker=marker, fillstyle=fill, ms=size,
+                            capsize=2, ls="none")
+        ax.set(title=model, xlabel="data sent per worker (bits, the papers' count)",
+               ylabel=style.label(rows["metric"].iloc[0], "final"))
+        style.count_axis(ax, "x", rows["bits"])
     fig.tight_layout()
+    roles = set(table["role"])
+    handles = [Line2D([], [], color=colours[n], lw=2, label=n) for n in names]
+    handles += [Line2D([], [], color="black", marker=m, fillstyle=f, ms=s, ls="none", label=t)
+                for role, (m, f, s, t) in ROLE_LOOKS.items() if role in roles]
+    style.legend_below(fig, handles)
     return fig
 
 
@@ -327,9 +334,7 @@ def report(runs: Path, scale: str | None, out: Path) -> list[Path]:
         head + "Differences in the metric's better direction (accuracy points; perplexity "
         "negated), paired by seed, with 95% t-intervals. yes = fewer bits and no loss the "
         "seeds can tell.\n\n" + recovery_markdown(answers))
-    fig = pareto(board)
-    fig.savefig(out / "pareto.png", dpi=120)
-    plt.close(fig)
+    style.save(pareto(board), [out / "pareto.png"])
     return [out / f for f in ("leaderboard.md", "leaderboard.csv", "recovery.md",
                               "recovery.csv", "pareto.png")]
 

@@ -55,7 +55,7 @@ import torch
 
 from benchmarks import netmodel
 from benchmarks.netmodel import Collective, Compute, Program
-from benchmarks.netns import Namespace, Unavailable, rank_env, unavailable_reason
+from benchmarks.netns import Hosts, Namespace, Unavailable, rank_env, unavailable_reason
 
 OUT = Path("results/bench")
 RATIOS = (0.25, 1.0, 4.0, 16.0)
@@ -130,6 +130,35 @@ def launch(ns: Namespace, model: dict[str, Any], methods: list[dict[str, Any]], 
     return raw
 
 
+def launch_hosts(hosts: Hosts, model: dict[str, Any], methods: list[dict[str, Any]], warmup: int,
+                 steps: int, path: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """As :func:`launch`, with one rank on each of two hosts joined by a link of ``hosts.rate``
+    each way (the ranks' records say ``hosts``: :func:`namespace_link`)."""
+    spec = {**model, "methods": methods, "warmup": warmup, "steps": steps, "world_size": WORLD}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path = path.with_suffix(".spec.json")
+    spec_path.write_text(json.dumps(spec))
+    outs = [path.with_suffix(f".rank{k}.json") for k in range(WORLD)]
+    started = time.perf_counter()
+    procs = [hosts.popen(k, [sys.executable, "-m", "benchmarks.e2e_ranks", str(spec_path),
+                             str(outs[k])],
+                         {**rank_env(), "MASTER_ADDR": hosts.names[0], "MASTER_PORT": "29501",
+                          "RANK": str(k), "WORLD_SIZE": str(WORLD),
+                          "GLOO_SOCKET_IFNAME": hosts.interfaces[k]}, path.with_suffix(f".{k}.log"))
+             for k in range(WORLD)]
+    if any(p.wait(timeout=3600) for p in procs):
+        logs = [path.with_suffix(f".{k}.log").read_text()[-2000:] for k in range(WORLD)]
+        raise RuntimeError(f"ranks failed ({path.name}):\n" + "\n".join(logs))
+    raw = {"spec": spec, "rate": hosts.rate, "hosts": True,
+           "wall_s": time.perf_counter() - started,
+           "ranks": [json.loads(out.read_text())[0] for out in outs],
+           "qdisc": {"sent_bytes": 0, "dropped": 0, "overlimits": 0}, **extra}
+    path.write_text(json.dumps(raw))
+    for done in (spec_path, *outs, *(path.with_suffix(f".{k}.log") for k in range(WORLD))):
+        done.unlink()
+    return raw
+
+
 # ---- reading a run's records -----------------------------------------------------------------
 def step_records(raw: dict[str, Any], key: str) -> list[list[dict[str, Any]]]:
     """Method ``key``'s measured steps: for each step, every rank's record."""
@@ -174,7 +203,11 @@ def latency(raw: dict[str, Any]) -> float:
 
 
 def namespace_link(raw: dict[str, Any]) -> netmodel.Link:
+    """Each worker's link: the shared lo's rate over the ranks, or (ranks on two hosts,
+    :func:`launch_hosts`) each host's own link's rate."""
     rate = raw["rate"] if raw["rate"] is not None else math.inf
+    if raw.get("hosts"):
+        return netmodel.Link(bandwidth=rate, latency=latency(raw))
     return netmodel.link_of_namespace(rate, WORLD, latency(raw))
 
 

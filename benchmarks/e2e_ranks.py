@@ -3,10 +3,14 @@
     ip netns exec <ns> python -m benchmarks.e2e_ranks SPEC.json OUT.json   # benchmarks.e2e does it
 
 Starts ``world_size`` gloo ranks (:func:`benchmarks.ranks.run_ranks`; the caller sets
-``GLOO_SOCKET_IFNAME=lo``). Every rank builds the model once, wraps it in DDP (25 MiB buckets,
-as run.py) and registers one hook that hands each bucket to the method of the current step
-(:class:`Dispatch`). The methods therefore share model, buckets and optimizer, and take turns
-step by step, so the machine's noise hits them alike. Methods (``kind`` in the spec):
+``GLOO_SOCKET_IFNAME=lo``). With ``RANK`` in the environment (and ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``: one rank per host, :func:`benchmarks.e2e.launch_hosts`), it
+is that one rank instead, in a group started from the environment.
+
+Every rank builds the model once, wraps it in DDP (25 MiB buckets, as run.py) and registers
+one hook that hands each bucket to the method of the current step (:class:`Dispatch`). The
+methods therefore share model, buckets and optimizer, and take turns step by step, so the
+machine's noise hits them alike. Methods (``kind`` in the spec):
 
 - ``compute``: the hook returns the bucket untouched. The same step, DDP's bucketing included,
   with no communication and the same two ranks competing for the cores: the compute-alone
@@ -33,11 +37,13 @@ completes when the bucket's gradients are written; the host gets there earlier).
 # No `from __future__ import annotations`: DDP checks dispatch_hook's annotations at runtime.
 import functools
 import json
+import os
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -381,8 +387,14 @@ def run_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]
 def main() -> None:
     spec_path, out_path = Path(sys.argv[1]), Path(sys.argv[2])
     spec = json.loads(spec_path.read_text())
-    results = run_ranks(run_rank, int(spec.get("world_size", 2)), (spec,),
-                        timeout_s=float(spec.get("timeout_s", 3600)))
+    if "RANK" in os.environ:  # one rank of a job over several hosts (see the module doc)
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+        results = [run_rank(dist.get_rank(), dist.get_world_size(), spec)]
+        dist.destroy_process_group()
+    else:
+        results = run_ranks(run_rank, int(spec.get("world_size", 2)), (spec,),
+                            timeout_s=float(spec.get("timeout_s", 3600)))
     out_path.write_text(json.dumps(results))
 
 

@@ -11,24 +11,38 @@ puts N * 2(N-1)/N * S bytes through it, where N separate full-duplex links of ba
 each carry 2(N-1)/N * S; the namespace at ``rate`` R therefore behaves like per-worker links of
 B = R / N (see :func:`benchmarks.netmodel.link_of_namespace`).
 
+Two hosts (:class:`Hosts`): two namespaces joined by a veth pair, each end its own address
+and host name (``accbnode1``, ``accbnode2``, in each namespace's ``/etc/netns/<name>/hosts``,
+which ``ip netns exec`` puts over ``/etc/hosts``, after this machine's own entries), optionally
+rate-limited in each direction: a full-duplex link between two nodes.
+
+    with Hosts() as hosts:
+        hosts.set_rate(50e6)                     # 50 MB/s each way
+        hosts.nodes[1].run([...])                # on accbnode2 (10.213.0.2)
+
 Nothing outside the namespace is touched: every ``ip``/``tc`` command after ``ip netns add``
 runs through ``ip netns exec <name>``. The namespace is deleted on leaving the ``with`` block,
 whatever ends it (an error, KeyboardInterrupt, or SIGTERM if the caller turns it into
-SystemExit, as :func:`benchmarks.e2e.main` does). Names are ``accb-<pid>``: one left behind by a
-process that was SIGKILLed is removed by the next :class:`Namespace` (its pid is gone).
+SystemExit, as :func:`benchmarks.e2e.main` does). Names are ``accb-<pid>`` (``accb-<pid>-<k>``
+for hosts): one left behind by a process that was SIGKILLed is removed by the next
+:class:`Namespace` (its pid is gone).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 PREFIX = "accb-"
+NETNS_ETC = Path("/etc/netns")  # ip netns exec <name> mounts /etc/netns/<name>/* over /etc/*
+SUBNET = "10.213.0"  # the hosts' addresses: SUBNET.1, SUBNET.2 (a private range)
 MIN_BURST = 256 * 1024  # bytes: tbf drops a packet larger than its bucket; lo's MTU is 64 KiB
 BURST_S = 0.002  # the bucket holds 2 ms at the rate (tbf needs at least rate / HZ)
 QUEUE_BYTES = 32 * 2**20  # queue room: TCP never sees a drop, only queueing delay
@@ -78,27 +92,21 @@ def _pid_alive(pid: int) -> bool:
 def remove_stale() -> list[str]:
     """Delete ``accb-<pid>`` namespaces whose process is gone; returns their names."""
     listing = _ip("netns", "list", check=False).stdout
-    stale = [name for name in re.findall(rf"^({PREFIX}(\d+))\b", listing, re.M)
+    stale = [name for name in re.findall(rf"^({PREFIX}(\d+)(?:-\d+)?)(?:\s|$)", listing, re.M)
              if not _pid_alive(int(name[1]))]
     for name, _ in stale:
         _ip("netns", "delete", name, check=False)
+        shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
     return [name for name, _ in stale]
 
 
-class Namespace:
-    """A fresh network namespace with ``lo`` up, deleted on exit (see the module doc)."""
+class _Made:
+    """A context manager that makes something (:meth:`_make`) and removes it (:meth:`close`)
+    on leaving, and at once if making it fails half-way."""
 
-    def __init__(self, name: str | None = None) -> None:
-        self.name = name or f"{PREFIX}{os.getpid()}"
-        self.rate: float | None = None
-        self._made = False
-
-    def __enter__(self) -> Namespace:
-        remove_stale()
-        _ip("netns", "add", self.name)
-        self._made = True
+    def __enter__(self) -> Self:
         try:
-            self._exec_ip("link", "set", "lo", "up")
+            self._make()
         except BaseException:
             self.close()
             raise
@@ -107,6 +115,28 @@ class Namespace:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    def _make(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Remove what was made (safe to call again)."""
+        raise NotImplementedError
+
+
+class Namespace(_Made):
+    """A fresh network namespace with ``lo`` up, deleted on exit (see the module doc)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or f"{PREFIX}{os.getpid()}"
+        self.rate: float | None = None
+        self._made = False
+
+    def _make(self) -> None:
+        remove_stale()
+        _ip("netns", "add", self.name)
+        self._made = True
+        self._exec_ip("link", "set", "lo", "up")
 
     def close(self) -> None:
         """Delete the namespace (once; safe to call again)."""
@@ -169,6 +199,61 @@ class Namespace:
             proc.communicate()
             raise
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+class Hosts(_Made):
+    """Two namespaces joined by a veth pair: two hosts ``accbnode1`` and ``accbnode2`` at
+    ``SUBNET.1`` and ``SUBNET.2`` (see the module doc); removed on exit."""
+
+    def __init__(self) -> None:
+        pid = os.getpid()
+        self.nodes = [Namespace(f"{PREFIX}{pid}-{k}") for k in (1, 2)]
+        self.names = [f"accbnode{k}" for k in (1, 2)]
+        self.addresses = [f"{SUBNET}.{k}" for k in (1, 2)]
+        self.interfaces = [f"accb{pid % 10**8}v{k}" for k in (1, 2)]  # at most 15 characters
+        self.rate: float | None = None
+
+    def _make(self) -> None:
+        for node in self.nodes:
+            node.__enter__()
+        a, b = self.interfaces
+        _ip("link", "add", a, "type", "veth", "peer", "name", b)
+        hosts = Path("/etc/hosts").read_text() + "".join(
+            f"{address} {name}\n" for address, name in zip(self.addresses, self.names,
+                                                           strict=True))
+        for node, interface, address in zip(self.nodes, self.interfaces, self.addresses,
+                                            strict=True):
+            _ip("link", "set", interface, "netns", node.name)
+            node._exec_ip("addr", "add", f"{address}/24", "dev", interface)
+            node._exec_ip("link", "set", interface, "up")
+            (NETNS_ETC / node.name).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / node.name / "hosts").write_text(hosts)
+
+    def close(self) -> None:
+        """Delete both namespaces (the veth pair goes with them) and their hosts files."""
+        for node in self.nodes:
+            node.close()
+            shutil.rmtree(NETNS_ETC / node.name, ignore_errors=True)
+
+    def set_rate(self, rate: float | None) -> None:
+        """Limit each direction of the link to ``rate`` bytes/s (tbf on both ends), or lift it."""
+        for node, interface in zip(self.nodes, self.interfaces, strict=True):
+            if rate is None:
+                node._tc("qdisc", "del", "dev", interface, "root")
+                continue
+            done = node._tc("qdisc", "replace", "dev", interface, "root", *tbf_args(rate))
+            if done.returncode != 0:
+                raise Unavailable(f"tc tbf on {interface} failed: {done.stderr.strip()}")
+        self.rate = rate
+
+    def popen(self, k: int, cmd: Sequence[str], env: Mapping[str, str], log: Path,
+              cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` on host ``k`` (0 or 1), its output to ``log``, in a session of its own
+        (kill the group to stop it)."""
+        with open(log, "wb") as out:
+            return subprocess.Popen([*self.nodes[k].prefix, *cmd], env=dict(env), cwd=cwd,
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
 
 def lo_tx_bytes(proc_net_dev: str) -> int:

@@ -6,6 +6,10 @@ process group starts. :func:`init` then starts the group: nccl on CUDA, gloo on 
 a timeout so that a dead rank ends the job with an error instead of a hang. A single process also
 gets a (world-size-1) group, so the training code and the communication hooks never branch on it.
 
+On several nodes, the master address must reach rank 0 from every node (a loopback address is
+refused with one line saying what to set), and gloo must bind to the interface that reaches it
+(``GLOO_SOCKET_IFNAME``, inferred from the route to the master address: :mod:`core.netif`).
+
 When a run ends by an error, each rank posts how it ended in the job's key-value store
 (:func:`post_ending`), which outlives the workers under torchrun (its agent holds it); a rank
 that saw a collective fail reads the others' posts (:func:`endings`) to tell a peer that failed
@@ -27,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from core import netif
 from core.errors import ConfigError
 
 _JOB: dict[str, dist.Store] = {}  # "store": this job's key-value store, once init() ran
@@ -132,6 +137,11 @@ def init(env: DistEnv, device: torch.device, timeout_s: float) -> None:
         local = os.environ["SUBMITIT_EXECUTOR"] == "local"
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1" if local else job.hostnames[0])
         os.environ.setdefault("MASTER_PORT", str(_port_for(str(job.job_id))))
+    check_master(_nodes(env))
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = netif.interface_to(os.environ["MASTER_ADDR"])
+        if interface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     kwargs = {"device_id": device} if backend == "nccl" else {}
     # env:// as init_process_group does it, keeping the store: torchrun's agent holds it (so it
     # outlives any worker), otherwise rank 0 does.
@@ -183,9 +193,32 @@ def endings(world_size: int, wait_s: float) -> dict[int, dict[str, object]] | No
         return None
 
 
+def check_master(nodes: int) -> None:
+    """ConfigError if a job of ``nodes`` > 1 nodes has a master address that resolves to a
+    loopback address here: the other nodes could not reach it (one line: what to set)."""
+    host = os.environ.get("MASTER_ADDR", "")
+    if nodes > 1 and netif.is_loopback(host):
+        raise ConfigError(
+            f"MASTER_ADDR: {host!r} resolves to {netif.resolve(host)} here, a loopback address, "
+            f"but the job spans {nodes} nodes, which cannot reach it: set MASTER_ADDR to rank "
+            f"0's address on the nodes' network (torchrun: --local-addr <the node's address> on "
+            f"every node, --rdzv-conf is_host=true on the node of --rdzv-endpoint)")
+
+
+def _nodes(env: DistEnv) -> int:
+    """How many nodes the job spans, as its launcher says (1 if it does not)."""
+    if env.launcher == "torchrun":
+        return env.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+    if env.launcher == "submitit":
+        return int(_submitit_job().num_nodes)
+    return int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+
+
 def _slurm_master_addr() -> str:
-    """First host of the Slurm allocation (``SLURM_NODELIST``), resolved without `scontrol`."""
-    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+    """First host of the Slurm allocation (``SLURM_JOB_NODELIST``), resolved without
+    `scontrol`."""
+    nodelist = (os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+                or os.environ.get("SLURM_NODELIST", ""))
     if not nodelist:
         return socket.gethostname()
     return _first_host(nodelist)

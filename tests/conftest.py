@@ -65,16 +65,20 @@ def read_rows(run_dir: Path) -> list[dict]:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--stress", action="store_true",
                      help="also run the tests marked stress (`make stress`)")
+    parser.addoption("--slurm", action="store_true",
+                     help="also run the tests marked slurm (`make test-slurm`)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``gpu`` where no CUDA device is present, and those marked ``stress``
-    without ``--stress``."""
+    """Skip tests marked ``gpu`` where no CUDA device is present, and those marked ``stress`` or
+    ``slurm`` without ``--stress`` or ``--slurm``."""
     skips = {}
     if not torch.cuda.is_available():
         skips["gpu"] = pytest.mark.skip(reason="needs a CUDA device")
     if not config.getoption("--stress"):
         skips["stress"] = pytest.mark.skip(reason="runs with --stress (make stress)")
+    if not config.getoption("--slurm"):
+        skips["slurm"] = pytest.mark.skip(reason="runs with --slurm (make slurm-up test-slurm)")
     for item in items:
         for marker, skip in skips.items():
             # The marker itself: `marker in item.keywords` also matches a folder of that name
@@ -199,6 +203,14 @@ def kernel_and_eager(library: Library, name: str, steps: list[list[torch.Tensor]
 
 
 # ---- analysis: real run records of tiny runs, trained once per session ----------------------
+@pytest.fixture(autouse=True)
+def _close_figures() -> Iterator[None]:
+    """After a test that drew figures (pyplot keeps them open), close them."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
 @pytest.fixture(scope="session")
 def analysis_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The runs dir of :mod:`tests.analysis_fixture` (read-only: copy it to change it)."""

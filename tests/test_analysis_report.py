@@ -13,8 +13,8 @@ import pytest
 
 from analysis import figures, reference, tables, whatif
 from analysis.load import Frames, load_records
-from analysis.report import main, select, with_baselines
-from tests.analysis_fixture import read_by_hand
+from analysis.report import Block, data_description, main, select, to_html, with_baselines
+from tests.analysis_fixture import epoch_row, read_by_hand, write_record
 
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
 
@@ -85,6 +85,47 @@ def test_report_bad_input_is_one_line_and_status_2(tmp_path, capsys):
     assert main([str(tmp_path), "--reference", str(tmp_path / "bad.csv")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "bad.csv has no column(s)" in err
+
+
+def test_the_report_prints_its_table_and_names_the_benchmark_its_data_stand_for(tmp_path,
+                                                                               capsys):
+    """make demo ends on this: the caption (benchmark cifar10, the synthetic stand-in data),
+    the main columns of every row, the file with all of them."""
+    for method, final in (("rank2", 80.0), ("rank1", 75.5)):
+        write_record(tmp_path / "runs", method, {
+            "sweep": "table1", "benchmark": "cifar10", "method": method, "baseline": "rank2",
+            "model": {"name": "resnet18"}}, [epoch_row(e, final - 2 * (2 - e)) for e in range(3)])
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    caption = ("table1: scale tiny, benchmark cifar10 (data: the synthetic stand-in), "
+               "compressor powersgd; mean ± std over seeds.")
+    assert printed[0].startswith("table1: 2 runs, 0 left out -> ")
+    assert printed[1] == caption
+    assert printed[2].split() == ["model", "method", "seeds", "final", "accuracy", "(%)",
+                                  "published", "diff", "data", "sent", "(floats)", "reduction"]
+    assert printed[3].split()[:4] == ["resnet18", "rank2", "1", "80.00"]
+    assert printed[4].split()[:4] == ["resnet18", "rank1", "1", "75.50"]
+    assert printed[5] == f"(every column: {out / 'table.md'})"
+    assert (out / "table.md").read_text().startswith(caption)
+    assert caption in (out / "report.html").read_text()
+
+
+def test_what_the_runs_trained_on():
+    runs = pd.DataFrame({"dataset.name": ["synthetic"] * 2, "benchmark": ["cifar10"] * 2})
+    assert data_description(runs) == "benchmark cifar10 (data: the synthetic stand-in)"
+    assert data_description(runs.assign(**{"dataset.name": "cifar10"})) == "benchmark cifar10"
+    assert data_description(runs.assign(benchmark=None)) == "dataset synthetic"
+    assert data_description(runs.drop(columns="benchmark")) == "dataset synthetic"
+    assert data_description(runs.assign(benchmark=["cifar10", "cifar100"])) is None
+
+
+def test_the_html_report_renders_code_spans():
+    page = to_html([Block("h2", "What-if"), Block("p", "Files: `table.csv`, `table.md`."),
+                    Block("list", items=["keeps `--include-incomplete` runs <b>"])], "t")
+    assert "<p>Files: <code>table.csv</code>, <code>table.md</code>.</p>" in page
+    assert "<li>keeps <code>--include-incomplete</code> runs &lt;b&gt;</li>" in page
+    assert "`" not in page
 
 
 # ---- each figure's data ---------------------------------------------------------------------
@@ -175,7 +216,7 @@ def test_official_data_joins_the_authors_curve_at_paper_scale(table1, tmp_path):
                      & (official["model"] == "resnet18")]
     assert theirs[theirs["panel"] == "resnet18 rank2"]["value"].iloc[-1] == \
         curve["value"].iloc[-1] == 94.49
-    fig = figures.plot_official(data, {})
+    fig = figures.plot_official(data, figures.looks(runs))
     assert len(fig.axes) == 3
 
 

@@ -12,6 +12,7 @@ import pytest
 from analysis import auto_endpoints
 from analysis.claims import load_sweep
 from tests.conftest import assert_ok, run_cli
+from tests.figure_checks import problems
 
 pytestmark = pytest.mark.slow
 
@@ -149,3 +150,24 @@ def _count(row: dict, prefix: str) -> dict:
 def test_no_runs_is_one_line(tmp_path, capsys):
     assert auto_endpoints.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert "no completed runs of sweep auto_endpoints" in capsys.readouterr().err
+
+
+def test_the_figures_read_cleanly(runs):
+    """No overlapping tick labels, no legend over a panel, human labels, whole epochs; the
+    level colours the same above and below (caught: level 4 blue on top, level 1 below)."""
+    frames = load_sweep(runs, auto_endpoints.SWEEP, "tiny", keep=auto_endpoints.KEPT)
+    per_run = auto_endpoints.per_run(frames)
+    table = auto_endpoints.group_table(per_run)
+    assert problems(auto_endpoints.plot_metric_vs_bits(table)) == []
+    fig = auto_endpoints.plot_measurements(frames, per_run)
+    assert problems(fig) == []
+    top = next(ax for ax in fig.axes if "auto_rank" in ax.get_title())
+    spec = top.get_subplotspec()
+    bottom = next(ax for ax in fig.axes if ax.get_subplotspec().colspan == spec.colspan
+                  and ax.get_subplotspec().rowspan.start == spec.rowspan.start + 1)
+
+    def colours(ax) -> dict[str, str]:
+        return {line.get_label(): line.get_color() for line in ax.get_lines()
+                if line.get_label().startswith("level ")}
+
+    assert len(colours(top)) == 3 and colours(top) == colours(bottom)

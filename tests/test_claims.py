@@ -17,6 +17,7 @@ import schedulers
 from core import record
 from tests.analysis_fixture import MACHINE_A, MACHINE_B, provenance
 from tests.conftest import CONF, ROOT
+from tests.figure_checks import problems
 from training import sweeps
 from training.config import validate
 
@@ -172,3 +173,47 @@ def test_overlap_analysis_averages_layers_per_epoch(tmp_path):
     assert pairs["model"].tolist() == pytest.approx([0.4, 0.4])
     assert "| 32 | worker vs global batch | 0 | 0.925 | 0.925 | 0.925 | 0.900 | 0.50 | 0.850 " \
         "| 2 |" in claims_overlap.table(frames)
+
+
+# ---- the claims' figures as a reader sees them (tests/figure_checks.py) ---------------------
+def claim_rows(name: str, c, seed: int) -> list[dict]:
+    """Plausible epoch rows of run ``c`` of claim ``name`` (the keys its analysis reads)."""
+    method, epochs = str(c.method), int(c.trainer.epochs)
+    rows = []
+    for e in range(epochs):
+        accuracy = 10 + 80 * (1 - math.exp(-e / 4)) - 3 * seed - (20 if "4096" in method
+                                                                 else 0)
+        row = base_row(e, accuracy, bits=1e6 * (2 if "0.99" in method else 1))
+        if name == "residues":
+            soft = c.compressor.soft_threshold
+            grow = 1.0 if soft else 10.0 ** min(e, 6)
+            row.update({"residue_min/w": -0.01 * grow * (seed + 1), "residue_max/w": 0.02 * grow,
+                        "sent_fraction/w": 0.01})
+        elif name == "fig2b":
+            row["level/w"] = 4 if method == "rank4" else 1
+        elif name == "overlap":
+            row.update({"overlap/a": 0.3 + 0.01 * e, "overlap/b": 0.2, "overlap_model": 0.35,
+                        "overlap_batch/a": 0.5, "overlap_batch/b": 0.6 - 0.01 * seed,
+                        "overlap_batch_model": 0.55, "batch_size": int(c.trainer.batch_size)})
+        elif name == "batch" and method.startswith("accordion"):
+            row["critical/w"] = float(e < 3 or (e + seed) % 5 == 0)
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("name", CLAIMS)
+def test_every_claim_figure_reads_cleanly(name, tmp_path):
+    """Three seeds of every run of the claim's sweep: no overlapping tick labels, no legend over
+    a panel or wider than the panels, human axis labels, whole epochs, one legend entry per
+    line (not per seed)."""
+    for c in claim_runs(name):
+        for seed in (0, 1, 2):
+            run = OmegaConf.merge(c, {"seed": seed, "hydra": {"sweep": {
+                "subdir": f"{c.hydra.sweep.subdir}-{seed}"}}})
+            write_run(tmp_path, run, claim_rows(name, run, seed))
+    claim = analysis.claims.module(name)
+    frames = analysis.claims.load_sweep(tmp_path, claim.SWEEP, keep=claim.KEEP)
+    fig = claim.plot(frames)
+    assert problems(fig) == []
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert labels and len(labels) == len(set(labels))

@@ -1,4 +1,5 @@
-"""Launcher detection and the process-group timeout (a dead rank must not hang the job)."""
+"""Launcher detection, the process-group timeout (a dead rank must not hang the job), and the
+settings several nodes need (a reachable master address, gloo's interface)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from core import distributed
+from core import distributed, netif
 from core.errors import ConfigError
 
 
@@ -147,3 +148,53 @@ def test_dead_rank_ends_the_job_with_an_error_not_a_hang():
             p.kill()
     assert outcome == "RuntimeError"
     assert waited < 60
+
+
+def test_the_master_address_of_several_nodes_must_not_be_a_loopback_one(monkeypatch):
+    # As torchrun gives every worker the fqdn of node 0's agent when --local-addr is not set:
+    # here (Debian, containers) it resolves to 127.x, which the other nodes cannot reach.
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    distributed.check_master(1)  # one node: fine
+    with pytest.raises(ConfigError, match=r"^MASTER_ADDR: 'localhost' resolves to 127\.0\.0\.1 "
+                                          r"here, a loopback address, but the job spans 2 nodes.*"
+                                          r"--local-addr"):
+        distributed.check_master(2)
+    monkeypatch.setenv("MASTER_ADDR", _routable_address() or "localhost")
+    if netif.resolve(os.environ["MASTER_ADDR"]) != "127.0.0.1":
+        distributed.check_master(2)
+
+
+def _routable_address() -> str | None:
+    """This host's address on an interface other than lo, if it has one."""
+    found = (netif.address_of(name) for _, name in socket.if_nameindex() if name != "lo")
+    return next((a for a in found if a is not None), None)
+
+
+def test_gloo_interface_is_the_one_holding_the_address_that_reaches_the_master():
+    assert netif.interface_to("127.0.0.1") is None  # one host: gloo's own choice stands
+    assert netif.interface_to("no-such-host.invalid") is None
+    address = _routable_address()
+    if address is None:
+        pytest.skip("this host has no interface but lo")
+    (name,) = [n for _, n in socket.if_nameindex() if netif.address_of(n) == address]
+    assert netif.local_address_to(address) == address  # this host's own address
+    assert netif.interface_to(address) == name
+
+
+@pytest.mark.parametrize(("variables", "nodes"), [
+    ({"LOCAL_WORLD_SIZE": "2"}, 2), ({"LOCAL_WORLD_SIZE": "4"}, 1), ({}, 1),
+])
+def test_a_torchrun_job_s_nodes(monkeypatch, variables, nodes):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for key, value in variables.items():
+        monkeypatch.setenv(key, value)
+    assert distributed._nodes(distributed.DistEnv(0, 4, 0, "torchrun")) == nodes
+
+
+def test_an_srun_job_s_master_address_is_the_first_node_of_its_allocation(monkeypatch):
+    for var in ("SLURM_STEP_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "accbnode[1-2]")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    assert distributed._slurm_master_addr() == "accbnode1"
+    assert distributed._nodes(distributed.DistEnv(1, 2, 0, "slurm")) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,16 +82,23 @@ def test_namespace_is_removed_when_the_block_fails(error: type[BaseException]) -
 
 
 @needs_netns
-def test_stale_namespace_of_a_dead_process_is_removed() -> None:
+@pytest.mark.parametrize("suffix", ["", "-2"])  # a Namespace's, a Hosts node's
+def test_stale_namespace_of_a_dead_process_is_removed(suffix) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = f"{netns.PREFIX}{dead.pid}"
-    subprocess.run(["ip", "netns", "add", stale], check=True)
+    stale = f"{netns.PREFIX}{dead.pid}{suffix}"
+    alive = f"{netns.PREFIX}{os.getpid()}-7"
+    for name in (stale, alive):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        (netns.NETNS_ETC / name).mkdir(parents=True)
     try:
-        assert stale in netns.remove_stale()
-        assert stale not in namespaces()
+        assert netns.remove_stale() == [stale]
+        assert stale not in namespaces() and not (netns.NETNS_ETC / stale).exists()
+        assert alive in namespaces()
     finally:
-        subprocess.run(["ip", "netns", "delete", stale], capture_output=True)
+        for name in (stale, alive):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            shutil.rmtree(netns.NETNS_ETC / name, ignore_errors=True)
 
 
 SEND = """

@@ -1,5 +1,6 @@
 """Sweeps launched for real: local 2-rank DDP jobs through the ddp launcher (interrupted,
-relaunched: skip, resume, rerun), and the Slurm code path through submitit's local executor."""
+relaunched: skip, resume, rerun), the Slurm code path through submitit's local executor, and a
+job killed in a sweep under both (tests/test_slurm.py: the same against a real Slurm)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from tests.conftest import ROOT, read_rows
 from tests.test_faults_e2e import same_rows
 from tests.test_preemption_e2e import same_weights
+from training import runs
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +30,10 @@ SMALL = ["sweep=table1", "scale=tiny", "model=resnet18", "variant=ours", "seed=0
 METHODS = ("rank2", "rank1", "accordion_rank2_rank1")
 
 
-def sweep(args: list[str], **kwargs) -> subprocess.Popen[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+def sweep(args: list[str], env: dict[str, str] | None = None, **kwargs
+          ) -> subprocess.Popen[str]:
+    """``run.py -m`` of :data:`SMALL` and ``args`` (in ``env``, this process's by default)."""
+    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
     return subprocess.Popen([sys.executable, "run.py", "-m", *SMALL, *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             **kwargs)
@@ -113,15 +117,20 @@ def submitit_sweep(tmp_path_factory) -> tuple[Path, str]:
                                "method=rank2,accordion_rank2_rank1"]))
 
 
+def two_rank_runs_completed(root: Path, methods: tuple[str, ...], epochs: int) -> None:
+    """The sweep's runs of these methods completed on 2 ranks in sync, every epoch recorded."""
+    for method in methods:
+        path = run_dirs(root)[method]
+        assert summary(path)["status"] == "completed" and summary(path)["params_in_sync"]
+        assert torch.load(path / "checkpoint.pt", weights_only=True)["world_size"] == 2
+        assert len(read_rows(path)) == epochs
+
+
 def test_submitit_local_sweep_of_two_rank_jobs(submitit_sweep):
     # The Slurm launcher's code path: each job is 2 tasks that find their rank through submitit.
     root, out = submitit_sweep
     assert "2 runs: 0 complete, 0 to resume, 0 failed to rerun, 2 to start" in out
-    for method in ("rank2", "accordion_rank2_rank1"):
-        path = run_dirs(root)[method]
-        assert summary(path)["status"] == "completed" and summary(path)["params_in_sync"]
-        assert torch.load(path / "checkpoint.pt", weights_only=True)["world_size"] == 2
-        assert len(read_rows(path)) == 6
+    two_rank_runs_completed(root, ("rank2", "accordion_rank2_rank1"), 6)
     logs = list((root / "table1" / "tiny" / ".submitit").rglob("*_log.out"))
     assert len(logs) == 4  # 2 jobs x 2 tasks
 
@@ -179,3 +188,58 @@ def test_submitit_requeues_a_preempted_job_that_resumes_bit_exactly(tmp_path,
     assert done["status"] == "completed" and done["params_in_sync"], done
     same_rows(read_rows(straight), read_rows(run_dir))
     same_weights(straight, run_dir)
+
+
+def job_processes(run_dir: Path) -> list[int]:
+    """The processes of a local (ddp launcher) job: torchrun's agent and its workers, whose
+    command lines end with ``hydra.run.dir=<run_dir>``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if f"hydra.run.dir={run_dir}".encode() in args:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("launcher", ["local", "submitit_local"])
+def test_a_killed_job_fails_its_run_and_the_sweep_goes_on(tmp_path, launcher, submitit_sweep):
+    # Issue 23 item 3: SIGKILL every process of the first job after its first epoch (an OOM
+    # kill, a lost node). The run is recorded as failed (an interruption: a relaunch resumes it),
+    # the sweep runs the next job, and ends with one line naming the run and exit status 1;
+    # no traceback (submitit's UncompletedJobError) ends it.
+    dirs = run_dirs(tmp_path)
+    args = [f"runs_root={tmp_path}", "method=rank2,rank1", "hydra.sweeper.max_batch_size=1"]
+    args += SUBMITIT if launcher == "submitit_local" else ["hydra.launcher.nproc_per_node=2"]
+    proc = sweep(args)
+    deadline = time.monotonic() + 300
+    while not (dirs["rank2"] / "checkpoint.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-5000:]
+        time.sleep(0.05)
+    pids = (list(submitit_tasks(tmp_path, proc).values()) if launcher == "submitit_local"
+            else job_processes(dirs["rank2"]))
+    assert len(pids) >= 2
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out[-5000:]
+    assert "Traceback" not in out and "UncompletedJobError" not in out, out[-5000:]
+    status = summary(dirs["rank2"])["status"]
+    assert status.startswith(runs.LOST_JOB), status
+    ends = [line for line in out.splitlines() if line.startswith("sweep table1: ")]
+    assert ends == [f"sweep table1: 1 of 2 runs finished, 1 failed: "
+                    f"cifar10/resnet18/rank2/ours/seed0 ({status})"], out[-3000:]
+    assert summary(dirs["rank1"])["status"] == "completed"
+    if launcher == "submitit_local":  # the relaunch resumes the failed run and completes it
+        out = finish(sweep(args))
+        assert "2 runs: 1 complete, 1 to resume, 0 failed to rerun, 0 to start" in out
+        done = summary(dirs["rank2"])
+        assert done["status"] == "completed" and done["params_in_sync"], done
+        assert [r["epoch"] for r in read_rows(dirs["rank2"])] == [0, 1, 2, 3, 4, 5]
+        # ... and ends bit for bit where the same PowerSGD run that never stopped ends (issue 23:
+        # it did not, before DDP's buckets were settled before the first step)
+        straight = run_dirs(submitit_sweep[0])["rank2"]
+        same_rows(read_rows(straight), read_rows(dirs["rank2"]))
+        same_weights(straight, dirs["rank2"])

@@ -339,6 +339,8 @@ def run_cfg(compose_cfg):
     ("failed: SystemExit: 143", True, runs.State.INTERRUPTED, runs.Action.RESUME),
     ("preempted: SIGUSR1 at epoch 1, step 3", True, runs.State.INTERRUPTED, runs.Action.RESUME),
     ("failed: SystemExit: 144", False, runs.State.INTERRUPTED, runs.Action.START),
+    (f"{runs.LOST_JOB} (Slurm job 7_1: OUT_OF_MEMORY)", True, runs.State.INTERRUPTED,
+     runs.Action.RESUME),
     ("failed: RuntimeError: boom", True, runs.State.FAILED, runs.Action.RERUN),
 ])
 def test_auto_resume_decides_by_the_record(tmp_path, run_cfg, status, checkpoint, state, action):
@@ -348,6 +350,33 @@ def test_auto_resume_decides_by_the_record(tmp_path, run_cfg, status, checkpoint
     assert runs.decide(run_cfg, tmp_path) is action
     run_cfg.resume = False
     assert runs.decide(run_cfg, tmp_path) is runs.Action.START
+
+
+def test_a_failed_job_leaves_the_run_s_own_status_or_says_it_ended_without_one(tmp_path,
+                                                                             run_cfg):
+    # The job wrote how its run ended (a lost rank, a preemption): that stays, word for word.
+    write_record(tmp_path, run_cfg, "completed")
+    before = runs.summary_stamp(tmp_path)
+    write_record(tmp_path, run_cfg, "failed: lost rank 1 (no word from it)")
+    assert runs.record_failed_job(tmp_path, "exit status 1", before) == \
+        "failed: lost rank 1 (no word from it)"
+    assert runs.inspect(tmp_path).status == "failed: lost rank 1 (no word from it)"
+    # It did not (SIGKILL): the summary from before the launch is not this job's; the record
+    # now says so, and a relaunch resumes it from its checkpoint like any interruption.
+    write_record(tmp_path, run_cfg, "preempted: SIGUSR1 at epoch 1, step 3")
+    before = runs.summary_stamp(tmp_path)
+    status = runs.record_failed_job(tmp_path, "killed by SIGKILL", before)
+    assert status == f"{runs.LOST_JOB} (killed by SIGKILL)"
+    assert json.loads((tmp_path / "summary.json").read_text()) == {
+        "status": status, "epochs_completed": 2}
+    assert runs.decide(run_cfg, tmp_path) is runs.Action.RESUME
+    # No summary before nor after (rerun moved it aside, then the job was killed).
+    (tmp_path / "summary.json").unlink()
+    assert runs.record_failed_job(tmp_path, "exit status 2", None).endswith("(exit status 2)")
+    # A run directory the job never made: nothing to write, the line still says how.
+    assert runs.record_failed_job(tmp_path / "never", "exit status 2", None) == \
+        f"{runs.LOST_JOB} (exit status 2)"
+    assert not (tmp_path / "never").exists()
 
 
 def test_rerun_moves_the_failed_record_aside(tmp_path, run_cfg):

@@ -18,6 +18,7 @@ import compression
 from analysis import zoo
 from core import record
 from tests.conftest import CONF, ROOT
+from tests.figure_checks import problems
 from training import sweeps
 from training.config import validate
 
@@ -163,3 +164,31 @@ def test_a_lower_is_better_metric_ranks_lowest_first() -> None:
         "compressor.name": ["a", "a", "b", "b"], "role": "fixed", "final": [90.0, 92.0, 80.0, 81.0],
         "bits": 1.0, "wire": 1.0, "epoch_s": 1.0, "link_epoch_s": 1.0, "tta_s": 1.0})
     assert zoo.leaderboard(numbers)["method"].tolist() == ["b", "a"]
+
+
+def test_the_pareto_figure_reads_cleanly_with_every_compressor() -> None:
+    """Every registered compressor on both models: no overlapping tick labels, no legend over
+    a panel, human axis labels; each compressor its own colour and one legend entry, each role
+    (light, heavy, Accordion, one run, DGC's warm-up) named."""
+    rows = []
+    for model, metric, base in (("resnet18", "test/accuracy", 90.0),
+                                ("lstm", "test/perplexity", 120.0)):
+        for i, name in enumerate(compression.available()):
+            roles = ("light", "heavy", "accordion") if name in compression.with_levels() \
+                else ("fixed",)
+            roles += ("warmup",) if name == "dgc" else ()
+            for j, role in enumerate(roles):
+                rows.append({"model": model, "compressor": name, "role": role, "metric": metric,
+                             "gbit": 0.01 * (i + 1) * (4 - j), "final": base - i - j,
+                             "final_std": 0.5})
+    fig = zoo.pareto(pd.DataFrame(rows))
+    assert problems(fig) == []
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    names = compression.available()
+    assert labels[:len(names)] == names
+    assert labels[len(names):] == ["light level", "heavy level", "Accordion between them",
+                                   "no levels: one run", "DGC's warm-up"]
+    colours = [h.get_color() for h in fig.legends[0].legend_handles[:len(names)]]
+    assert len({tuple(c) for c in colours}) == len(names)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["final test perplexity",
+                                                    "final test accuracy (%)"]

@@ -10,8 +10,9 @@ new              no record                                    start        start
 completed        summary.json: completed or diverged          skip         start over    resume
 interrupted      a checkpoint and no summary, or a summary    resume       start over    resume
                  ``preempted``, ``failed: SystemExit`` /
-                 ``KeyboardInterrupt`` (killed, preempted,
-                 timed out)
+                 ``KeyboardInterrupt``, ``failed: the job
+                 ended without a summary`` (killed,
+                 preempted, timed out)
 failed           summary.json: failed with another error      rerun        start over    resume
 ===============  ==========================================  ===========  ============  ===========
 
@@ -22,6 +23,10 @@ directory whose ``config.yaml`` (the resolved config written at the run's first 
 differs from the run's config is refused with one line: keys that do not change results
 (``RUNTIME_KEYS``) are not compared, nor ``trainer.epochs`` when ``resume=true`` (extending
 a finished run is allowed).
+
+When a sweep's job fails, the sweeper records how (:func:`record_failed_job`): the run's own
+summary if the job wrote one, else a summary saying that the job ended without one (killed, out
+of memory, its node lost), which a relaunch resumes like any interruption.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ FAILED_DIR = "failed"
 RUNTIME_KEYS = ("resume", "name", "runs_root", "logger", "trainer.progress",
                 "trainer.dist_timeout_s", "trainer.preempt_signals", "trainer.preempt_check_every",
                 "dataset.root", "dataset.download", "observe")
-INTERRUPTIONS = ("preempted", "failed: SystemExit", "failed: KeyboardInterrupt")
+LOST_JOB = "failed: the job ended without a summary"  # written by the sweeper (see above)
+INTERRUPTIONS = ("preempted", "failed: SystemExit", "failed: KeyboardInterrupt", LOST_JOB)
 
 
 class State(StrEnum):
@@ -156,6 +162,31 @@ def check_identity(cfg: Any, run_dir: Path) -> None:
         more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
         raise ConfigError(f"hydra.run.dir: {run_dir} holds a run of another config ({shown}"
                           f"{more}); choose another runs_root or directory, or remove it")
+
+
+def summary_stamp(run_dir: Path) -> tuple[int, int] | None:
+    """What tells one ``summary.json`` from another (modification time and size); None if the
+    directory holds none."""
+    try:
+        stat = (run_dir / record.SUMMARY).stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def record_failed_job(run_dir: Path, failure: str, stamp: tuple[int, int] | None) -> str:
+    """After a sweep's job failed (``failure``: how, in one line, as its launcher saw it): the
+    run's status. If the job wrote ``summary.json`` (it differs from ``stamp``, taken before the
+    launch), its own; otherwise the job ended before the run could say how (killed, out of
+    memory, its node lost), and ``summary.json`` now says so (``LOST_JOB``: an interruption)."""
+    now = summary_stamp(run_dir)
+    if now is not None and now != stamp:
+        return str(inspect(run_dir).status)
+    status = f"{LOST_JOB} ({failure})"
+    if run_dir.is_dir():
+        record.write_summary(run_dir, {"status": status,
+                                       "epochs_completed": _count_rows(run_dir / record.METRICS)})
+    return status
 
 
 def _resolved(cfg: Any) -> dict[str, Any]:

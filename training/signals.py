@@ -21,8 +21,15 @@ save a mid-epoch checkpoint there (training/progress.py) and end through :class:
 A second preemption signal while the first is pending ends the run at once, and so does SIGTERM
 outside the training loop (starting up, or after the last epoch): ``SystemExit(128 +
 signal)``, and the summary says ``failed: SystemExit: <status>`` (also an interruption, resumed
-from the last checkpoint). Under submitit, outside the loop, submitit's handlers stay as they
-are. While the run writes down how it ended (:func:`shield`), signals are held, not acted on.
+from the last checkpoint). While the run writes down how it ended (:func:`shield`), signals are
+held, not acted on.
+
+Under submitit, a preemption warning may come while the job starts (a short time limit, a
+preemption): submitit's own signal and SIGUSR1 (:data:`STARTUP`) are held blocked from the
+task's first instruction (hydra_plugins/accordion_bench/task.py, before submitit has loaded the
+job) and noted from :func:`install` on, so one that comes early stops the ranks at the training
+loop's first check, checkpointed and requeued, instead of killing the tasks or requeueing rank 0
+alone. After the loop submitit's handlers are back.
 """
 
 from __future__ import annotations
@@ -41,8 +48,10 @@ import torch.distributed as dist
 from core.errors import ConfigError
 
 ALLOWED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT")
+# Under submitit, noted from the task's start, with submitit's own signal (see the module doc).
+STARTUP = (signal.SIGUSR1,)
 _state: dict[str, Any] = {"shielded": False, "deferring": False, "requested": 0,
-                          "requeue": None, "signals": ()}
+                          "requeue": None, "signals": (), "before": {}}
 _held: list[int] = []
 
 
@@ -75,11 +84,38 @@ def under_submitit() -> bool:
     return "SUBMITIT_EXECUTOR" in os.environ
 
 
+def submitit_signal() -> signal.Signals:
+    """The signal submitit asks Slurm for before the time limit (``SUBMITIT_PREEMPT_SIGNAL``,
+    SIGUSR2 by default)."""
+    from submitit import JobEnvironment
+
+    return signal.Signals(JobEnvironment._usr_sig())  # noqa: SLF001 (submitit's own choice)
+
+
 def install() -> None:
-    """Outside the training loop: SIGTERM ends the run at once (under submitit, whose handlers
-    stay, nothing is set)."""
+    """Outside the training loop: SIGTERM ends the run at once. Under submitit (whose SIGTERM
+    handler stays), submitit's signal and :data:`STARTUP` are noted from here on, and let through
+    if the task held them (see the module doc)."""
     if not under_submitit():
         signal.signal(signal.SIGTERM, _on_signal)
+        return
+    held = (submitit_signal(), *STARTUP)
+    _note(held)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+
+
+def _note(signums: Sequence[int]) -> None:
+    """From now on, ``signums`` are noted for :class:`StopCheck` (the handlers they had are
+    kept for :func:`undefer`; under submitit, its requeue handler for :func:`exit_preempted`)."""
+    for signum in signums:
+        handler = signal.getsignal(signum)
+        if getattr(handler, "__name__", "") == "checkpoint_and_try_requeue":
+            _state["requeue"] = handler
+        if signum not in _state["before"]:
+            _state["before"][signum] = handler
+        signal.signal(signum, _on_signal)
+    _state["signals"] = tuple(dict.fromkeys((*_state["signals"], *signums)))
+    _state["deferring"] = True
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -95,28 +131,24 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def defer(names: Any) -> None:
     """From now on (the training loop), a preemption signal (``names``, plus submitit's own
     under submitit) is noted for :class:`StopCheck` instead of ending the run, until
-    :func:`undefer` restores the handlers before."""
+    :func:`undefer` restores the handlers before. A signal noted since :func:`install` stays
+    requested if it is one of them."""
     signums = [signal.Signals[str(n)] for n in names]
     if under_submitit():
-        from submitit import JobEnvironment
-
-        own = JobEnvironment._usr_sig()  # noqa: SLF001 (the signal submitit asks Slurm for)
-        signums.append(own)
-        handler = signal.getsignal(own)
-        _state["requeue"] = handler if getattr(handler, "__name__", "") == \
-            "checkpoint_and_try_requeue" else None
-    _state["signals"] = tuple(dict.fromkeys(signums))
-    _state["before"] = {s: signal.getsignal(s) for s in _state["signals"]}
-    for signum in _state["signals"]:
-        signal.signal(signum, _on_signal)
-    _state["deferring"], _state["requested"] = True, 0
+        signums.append(submitit_signal())
+    for signum in [s for s in _state["signals"] if s not in signums]:  # not this run's
+        signal.signal(signum, _state["before"].pop(signum))
+    early, _state["signals"] = _state["requested"], ()
+    _note(signums)
+    _state["requested"] = early if early in signums else 0
 
 
 def undefer() -> None:
-    """End :func:`defer`: the handlers before it again."""
-    _state["deferring"] = False
-    for signum, handler in _state.pop("before", {}).items():
+    """End :func:`defer` (and :func:`install`'s noting): the handlers before them again."""
+    _state["deferring"], _state["requested"], _state["signals"] = False, 0, ()
+    for signum, handler in _state["before"].items():
         signal.signal(signum, handler)
+    _state["before"] = {}
 
 
 def requested() -> int:

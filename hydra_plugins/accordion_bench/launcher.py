@@ -8,7 +8,8 @@ Hydra's basic launcher calls the task function inside the sweeping process, whic
 
 so every job is exactly what a user gets from ``torchrun`` by hand (same code path, same run
 record), on a fresh port, isolated from the other jobs: a job that fails or exits with status 2
-does not stop the sweep, and its status comes back to the sweeper as a failed ``JobReturn``.
+does not stop the sweep, and its status comes back to the sweeper as a failed ``JobReturn``
+(``exit status 2``, ``killed by SIGKILL``).
 A job of one rank is ``python run.py <overrides>`` (a world-size-1 group, the same training
 code), which spares torchrun's agent: about 4 s of start-up a job.
 """
@@ -16,6 +17,7 @@ code), which spares torchrun's agent: about 4 s of start-up a job.
 # No `from __future__ import annotations`: Hydra loads plugin modules without registering them in
 # sys.modules, where dataclasses would look the string annotations up.
 import logging
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -63,13 +65,10 @@ class DDPLauncher(Launcher):
                            if not o.startswith(_SWEEP_ONLY)]
         returns = []
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(cfg):
-                cfg.hydra.job.num = idx
-            job_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+            cfg, job_dir = job_config(self.hydra_context, self.config, overrides, idx)
             LOG.info("#%d: %s -> %s", idx, " ".join(filter_overrides(overrides)), job_dir)
             code = self.run_job([*overrides, *hydra_overrides, f"hydra.run.dir={job_dir}"])
-            returns.append(_job_return(overrides, cfg, job_dir, code))
+            returns.append(job_return(overrides, cfg, job_dir, exit_failure(code)))
         return returns
 
     def run_job(self, overrides: list[str]) -> int:
@@ -81,10 +80,31 @@ class DDPLauncher(Launcher):
         return subprocess.run(cmd, check=False).returncode
 
 
-def _job_return(overrides: Sequence[str], cfg: DictConfig, job_dir: Path, code: int) -> JobReturn:
+def job_config(hydra_context: HydraContext, config: DictConfig, overrides: Sequence[str],
+               idx: int) -> tuple[DictConfig, Path]:
+    """The job's composed config (``hydra.job.num`` set) and its directory."""
+    cfg = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(cfg):
+        cfg.hydra.job.num = idx
+    return cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+
+
+def exit_failure(code: int) -> str | None:
+    """How a job's process ended, if not well (None for status 0)."""
+    if code == 0:
+        return None
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def job_return(overrides: Sequence[str], cfg: DictConfig, job_dir: Path, failure: str | None
+               ) -> JobReturn:
+    """The sweeper's record of a job: completed, or failed with ``failure`` (one line) as its
+    error."""
     ret = JobReturn(overrides=list(overrides), cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir),
                     task_name=str(cfg.hydra.job.name))
-    ret.status = JobStatus.COMPLETED if code == 0 else JobStatus.FAILED
-    value: Any = code if code == 0 else RuntimeError(f"job {job_dir} exited with status {code}")
+    ret.status = JobStatus.COMPLETED if failure is None else JobStatus.FAILED
+    value: Any = 0 if failure is None else RuntimeError(failure)
     ret.return_value = value
     return ret

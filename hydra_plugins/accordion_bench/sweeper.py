@@ -5,8 +5,9 @@ methods). This sweeper expands ``groups`` x ``params`` (:func:`training.sweeps.e
 every run, prints the plan (runs complete / to resume / to rerun / to start, and the compute),
 checks that the data is there and that no run's directory holds another config (one line and
 exit status 2 if not), and hands the runs that are not complete to the launcher: a relaunch
-starts nothing that has finished. Failed runs do not stop the others; the sweep exits with
-status 1 at the end if any failed.
+starts nothing that has finished. Failed runs do not stop the others; the sweep ends with one
+line naming each failed run and how it ended (recorded in its directory if its job could not:
+killed, out of memory) and exit status 1.
 
     python run.py -m sweep=table1 scale=tiny                  # every run of the table
     python run.py -m sweep=table1 model=resnet18 seed=0       # part of it
@@ -19,6 +20,7 @@ status 1 at the end if any failed.
 # sys.modules, where dataclasses would look the string annotations up.
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -66,7 +68,7 @@ class RunsSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from core.errors import ConfigError
-        from training import sweeps
+        from training import runs, sweeps
 
         assert self.config is not None and self.hydra_context is not None
         assert self.launcher is not None
@@ -92,18 +94,34 @@ class RunsSweeper(Sweeper):
         todo = [job.overrides for job in plan.todo()]
         if self.dry_run or not todo:
             return []
+        stamps = {str(job.run_dir): runs.summary_stamp(job.run_dir) for job in plan.todo()}
         size = self.max_batch_size or len(todo)
         returns: list[JobReturn] = []
         for start in range(0, len(todo), size):
             returns += self.launcher.launch(todo[start:start + size], initial_job_idx=start)
         failed = [r for r in returns if r.status is not JobStatus.COMPLETED]
-        print(f"sweep {plan.name}: {len(returns) - len(failed)} of {len(returns)} runs "
-              f"finished" + (f", {len(failed)} failed:" if failed else ""), flush=True)
-        for r in failed:
-            print(f"  failed: {r.working_dir}", file=sys.stderr)
-        if failed:
-            sys.exit(1)
-        return returns
+        line = f"sweep {plan.name}: {len(returns) - len(failed)} of {len(returns)} runs finished"
+        if not failed:
+            print(line, flush=True)
+            return returns
+        ends = "; ".join(_record_failure(r, Path(str(cfg.hydra.sweep.dir)), stamps)
+                         for r in failed)
+        print(f"{line}, {len(failed)} failed: {ends}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _record_failure(ret: JobReturn, root: Path, stamps: dict[str, Any]) -> str:
+    """``<run directory> (<how the run ended>)`` for a failed job, recorded in the run's
+    directory if the job could not (:func:`training.runs.record_failed_job`)."""
+    from training import runs
+
+    error = ret._return_value  # noqa: SLF001 (JobReturn.return_value raises a job's error)
+    lines = str(error).strip().splitlines()
+    run_dir = Path(str(ret.working_dir))
+    status = runs.record_failed_job(run_dir, lines[-1] if lines else type(error).__name__,
+                                    stamps.get(str(run_dir)))
+    shown = run_dir.relative_to(root) if run_dir.is_relative_to(root) else run_dir
+    return f"{shown} ({status})"
 
 
 def _workers(cfg: DictConfig) -> int:

@@ -1,0 +1,55 @@
+"""The submitit launchers' task start (hydra_plugins/accordion_bench/task.py) on a real submitit
+job: a preemption warning that reaches a task while it starts is held for the run, not acted on
+by submitit's handler (which would requeue rank 0 alone) or by the signal's default action."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+
+from hydra_plugins.accordion_bench import jobs, task
+
+
+def _start_late(ready: str, go: str) -> list[int]:
+    """A job's function: write its pid to ``ready`` (submitit's handlers are in place by now),
+    wait for ``go``, then start as run.py does (:func:`training.signals.install`); the signal it
+    then holds."""
+    from training import signals
+
+    Path(ready).write_text(str(os.getpid()))
+    while not Path(go).exists():
+        time.sleep(0.05)
+    signals.install()
+    held = signals.requested()
+    signals.undefer()
+    return [held]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGUSR1])
+def test_a_signal_while_the_task_starts_is_held_for_the_run(tmp_path, signum):
+    executor = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="local",
+                                     local_python=jobs.TASK)
+    executor.update_parameters(timeout_min=5, tasks_per_node=1)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    job = executor.submit(_start_late, str(ready), str(go))
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert not job.done() and time.monotonic() < deadline, job.stderr()
+        time.sleep(0.05)
+    time.sleep(0.1)  # the pid written
+    os.kill(int(ready.read_text()), signum)
+    time.sleep(0.5)  # time for a handler to act, were the signal not held
+    go.touch()
+    assert job.result() == [signum], job.stderr()
+    assert "Requeued" not in (job.stdout() or "")
+
+
+def test_the_task_refuses_a_command_it_does_not_know(tmp_path):
+    with pytest.raises(SystemExit, match="usage: python -u -m hydra_plugins.accordion_bench"):
+        task.main(["task.py", "-u", "-m", "http.server", str(tmp_path)])
+
