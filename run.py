@@ -345,7 +345,7 @@ def _finish(run: Run, status: str, why: str | None) -> dict[str, Any]:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _end_of_epoch(hook_state: compression.HookState, env: distributed.DistEnv
+def _end_of_epoch(hook_state: compression.WorkerState, env: distributed.DistEnv
                   ) -> tuple[dict[str, float], list[tuple[int, int, list[str]]]]:
     """Rank 0's ||Delta_e|| per layer (every rank decides on rank 0's statistic), and (rank,
     step, layers) for every rank whose Delta_e stopped being finite: one collective."""

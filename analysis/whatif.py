@@ -39,7 +39,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import compression
-from compression.hook import FP32_BITS
+from compression.stats import FP32_BITS
 from core.errors import ConfigError
 from core.lr import lr_at
 from core.record import CHECKPOINT, METRICS, load_checkpoint, read_metrics

@@ -64,9 +64,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 import models
 from benchmarks.compressor_peers import add_zoo
+from benchmarks.ranks import run_ranks
 from compression.comm import Pending, Timer, drive
 from compression.hook import aggregate_bucket, comm_hook
-from core.ranks import run_ranks
 
 OUT = Path("results/bench")
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
     ip netns exec <ns> python -m benchmarks.e2e_ranks SPEC.json OUT.json   # benchmarks.e2e does it
 
-Starts ``world_size`` gloo ranks (:func:`core.ranks.run_ranks`; the caller sets
+Starts ``world_size`` gloo ranks (:func:`benchmarks.ranks.run_ranks`; the caller sets
 ``GLOO_SOCKET_IFNAME=lo``). With ``RANK`` in the environment (and ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``: one rank per host, :func:`benchmarks.e2e.launch_hosts`), it
 is that one rank instead, in a group started from the environment.
@@ -57,8 +57,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compression
 import models
 from benchmarks.netns import lo_tx_bytes
+from benchmarks.ranks import run_ranks
 from compression.hook import comm_hook
-from core.ranks import run_ranks
 
 BUCKET_CAP_MB = 25  # run.py's default (conf/trainer/default.yaml)
 LATENCY_REPEATS = 20
@@ -174,7 +174,7 @@ class Ours:
 
     def counters(self) -> tuple[float, float]:
         """Our accounting so far: (wire bits, compressor seconds)."""
-        return float(self.state.wire_bits), self.state.timer.seconds
+        return float(self.state.stats.wire_bits), self.state.stats.timer.seconds
 
 
 class ChainedTorchPowerSGD:

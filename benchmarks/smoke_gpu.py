@@ -50,8 +50,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 import models
+from benchmarks.ranks import run_ranks
 from compression.hook import HookState, comm_hook
-from core.ranks import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "bench" / "smoke_gpu.md"
@@ -274,7 +274,7 @@ def bucket_rank(rank: int, world: int, names: list[str], on_gpu: bool) -> dict[s
             views = [v.view_as(p) for v, (_, p) in
                      zip(buffer.split([p.numel() for _, p in params]), params, strict=True)]
             state.aggregate([n for n, _ in params], views, buffer).wait()
-            state.step += 1
+            state.stats.step += 1
             results.append(buffer.cpu())
         out[name] = results
     return out

@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--peer-job", type=int, help=argparse.SUPPRESS)  # one peer job's steps
     args = parser.parse_args()
     if args.peer_job is not None:
-        from core.ranks import run_ranks
+        from benchmarks.ranks import run_ranks
 
         run_ranks(_peer_main, 2, (args.peer_job,), timeout_s=args.timeout_s)
         return

@@ -25,10 +25,11 @@ from torch.distributed import ProcessGroup
 from compression.base import Compressor
 from compression.hook import HookState
 from compression.simulate import Simulation, simulate
+from compression.worker import WorkerState
 from core.errors import ConfigError
 
-__all__ = ["Compressor", "HookState", "Simulation", "adopt", "available", "build",
-           "build_compressor", "create", "register", "simulate", "with_levels"]
+__all__ = ["Compressor", "HookState", "Simulation", "WorkerState", "adopt", "available",
+           "build", "build_compressor", "create", "register", "simulate", "with_levels"]
 
 _REGISTRY: dict[str, type[Compressor]] = {}
 _MODULES = ("none", "powersgd", "topk", "adacomp", "ef_signsgd", "qsgd", "terngrad", "dgc",

@@ -3,14 +3,10 @@
 For every bucket DDP hands over (while the backward pass goes on), :func:`comm_hook`
 
 1. adds each layer's local gradient to its epoch sum Delta_e (Accordion's statistic, taken
-   before any compression or error feedback) and notes the first step at which a layer's sum
-   stops being finite (a NaN or inf gradient: :meth:`HookState.nonfinite`), so that the run
-   stops before such a gradient reaches a saved error-feedback memory. On float32 CPU tensors
-   the check is fused into the add (:mod:`compression._grad_sum_kernel`, no extra pass);
-   elsewhere a float64 sum of each Delta_e is checked on the device and the checks that found
-   it finite are counted there, read once at the epoch's end,
+   before any compression or error feedback), noting the first step at which a layer's sum
+   stops being finite (:meth:`HookState.nonfinite`),
 2. runs :func:`aggregate_bucket`: the tensors with ndim <= 1 (biases, norm layers) go
-   uncompressed in one all-reduce, the matrix-shaped layers through the compressor, and
+   uncompressed in one all-reduce, the matrix-shaped layers through the compressor.
    On the steps that ``observe.overlap_epochs`` chooses, an :class:`~compression.overlap.
    OverlapProbe` first gathers every worker's local gradients of the bucket and measures the
    overlap of their top-k supports (Accordion's Fig. 4a; :mod:`compression.overlap`). On the
@@ -19,13 +15,14 @@ For every bucket DDP hands over (while the backward pass goes on), :func:`comm_h
    noise and compression error of :mod:`compression.noise`),
 3. counts the bits this worker put into its messages (in all, and for the compressed layers by
    type: conv kernels, FC/LSTM matrices) and the time spent compressing and decompressing
-   (compute only, not the wait for the network). Counts a compressor keeps on the device
-   (AdaComp's sent elements on CUDA) are summed there and read once, when the epoch's metrics
-   are; on CUDA the time is the GPU's, between CUDA events (:class:`~compression.comm.
-   CudaTimer`).
+   (compute only, not the wait for the network).
+
+The epoch's sums of 1 and 3 (and the step count) are an :class:`~compression.stats.EpochStats`
+of their own, :attr:`HookState.stats`; :class:`HookState` implements
+:class:`~compression.worker.WorkerState`, what the training loop and the schedulers see of it.
 
 With ``compressor=none`` the whole bucket goes in one fp32 all-reduce, as DDP does without a
-hook. Bits are the payload (32 per element for fp32), not the collective's wire traffic.
+hook.
 
 A bucket's collectives are started only after the previous bucket's have finished. DDP calls
 the hook in the same bucket order on every rank, but a compressor starts its later collectives
@@ -42,7 +39,6 @@ end of backward.
 
 # No `from __future__ import annotations` here: DDP checks comm_hook's annotations at runtime.
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -52,19 +48,12 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed import ProcessGroup
 from torch.futures import Future
 
-from compression import _grad_sum_kernel
 from compression.base import Compressor, Layer, Sent
-from compression.comm import Comm, GroupComm, Pending, Steps, drive, timer_for
+from compression.comm import Comm, GroupComm, Pending, Steps, drive
 from compression.overlap import OverlapProbe
+from compression.stats import FP32_BITS, EpochStats
+from compression.worker import WorkerState
 from core.errors import ConfigError
-
-FP32_BITS = 32
-LAYER_TYPES = ("conv", "fc")  # per-type accounting (AdaComp's table): ndim >= 3, ndim == 2
-
-
-def layer_type(shape: torch.Size) -> str:
-    """``conv`` for convolution kernels (ndim >= 3); ``fc`` for FC, embedding and LSTM weights."""
-    return "conv" if len(shape) >= 3 else "fc"
 
 
 def aggregate_bucket(compressor: Compressor, dense: list[torch.Tensor], layers: list[Layer],
@@ -91,17 +80,6 @@ def aggregate_bucket(compressor: Compressor, dense: list[torch.Tensor], layers: 
     return [Sent(bits, bits), *sent]
 
 
-@dataclass
-class _FiniteChecks:
-    """Checks of Delta_e of a bucket's layers (``names``), one per step from step ``first`` on:
-    ``counts`` (on the device): per layer, how many found it finite."""
-
-    names: list[str]
-    first: int
-    counts: torch.Tensor
-    checks: int = 0
-
-
 class Probe(Protocol):
     """A measurement the hook takes on the steps the probe chooses (every rank adds the same
     probes in the same order, so their collectives line up). Both calls are steps of the
@@ -123,8 +101,9 @@ class Probe(Protocol):
         ...
 
 
-class HookState:
-    """Everything the hook keeps between steps: layers, memories, the epoch's accounting."""
+class HookState(WorkerState):
+    """Everything the hook keeps between steps: layers, memories, the epoch's sums
+    (:attr:`stats`)."""
 
     def __init__(self, compressor: Compressor, named_parameters: Iterable[tuple[str, nn.Parameter]],
                  group: ProcessGroup | None = None, comm: Comm | None = None,
@@ -133,7 +112,6 @@ class HookState:
         self.overlap = overlap  # the top-k support overlap, at chosen epochs (None: off)
         self.comm = comm or GroupComm(group)  # a SimComm for simulated workers
         self.world_size = self.comm.world_size
-        self.track_norms = track_norms  # keep Delta_e (simulated workers: only worker 0)
         self.layers: dict[str, Layer] = {}
         self._name_of: dict[int, str] = {}
         self.device: torch.device | None = None  # the parameters' (DDP: one device per rank)
@@ -148,17 +126,17 @@ class HookState:
         self.probes: list[Probe] = []  # measurements on chosen steps (add_probe)
         if overlap is not None:
             overlap.expect([n for n, layer in self.layers.items() if len(layer.shape) > 1])
-        self.grad_sums: dict[str, torch.Tensor] = {}
         self.epoch = 0  # the epoch being trained (reset_epoch's)
         self.device = self.device or torch.device("cpu")
-        self.timer = timer_for(self.device)
+        # Delta_e (kept only with track_norms: simulated workers, only worker 0), bits, time,
+        # steps of the epoch so far
+        self.stats = EpochStats(self.device, track_norms)
         # On CUDA with a process group, the stream the compressor's work is queued on (see
         # aggregate); simulated workers complete their collectives in place, on the current one.
         self._stream = (torch.cuda.Stream(device=self.device) if self.device.type == "cuda"
                         and isinstance(self.comm, GroupComm) else None)
         self._previous: Future = Future()  # the last bucket's completion (see the module doc)
         self._previous.set_result(None)
-        self.reset_epoch()
 
     # ---- levels (the schedulers' API) -------------------------------------------------
     def compressed_layers(self) -> list[str]:
@@ -187,7 +165,7 @@ class HookState:
         self.probes.append(probe)
         return probe
 
-    # ---- accounting ---------------------------------------------------------------------
+    # ---- the epoch's sums (self.stats) -----------------------------------------------------
     def reset_epoch(self, epoch: int | None = None) -> None:
         """Start a new epoch's sums: bits, time, and each layer's Delta_e (``epoch``: the epoch
         about to be trained, for the measurements taken at chosen epochs)."""
@@ -195,71 +173,31 @@ class HookState:
             self.epoch = epoch
         if self.overlap is not None:
             self.overlap.reset()
-        self.bits = 0
-        self.wire_bits = 0
-        self.bits_dense = 0
-        self.type_bits = dict.fromkeys(LAYER_TYPES, 0)  # compressed layers' bits, by type
-        self.type_bits_dense = dict.fromkeys(LAYER_TYPES, 0)  # the same layers in fp32
-        self.chosen: dict[str, list[int]] = {}  # per layer: elements a sparsifier sent, of all
-        self.timer.seconds = 0.0
-        self.step = 0  # synchronized steps (hook calls on a last bucket) in this epoch
-        self._nonfinite: tuple[int, list[str]] | None = None  # see nonfinite()
-        self._finite: list[_FiniteChecks] = []  # checks counted on the device (no kernel)
-        self._checking: dict[tuple[str, ...], _FiniteChecks] = {}  # each bucket's current one
-        self._tally: dict[tuple[tuple[str, str], ...], torch.Tensor] = {}  # see _account
-        for g in self.grad_sums.values():
-            g.zero_()
+        self.stats.reset()
 
     def nonfinite(self) -> tuple[int, list[str]] | None:
         """The first step of this epoch (0-based) after which some layers' Delta_e were no
         longer finite on this worker, and those layers; None while every sum is finite."""
-        if self._finite:  # one read of the epoch's counts
-            counts = torch.cat([c.counts for c in self._finite]).tolist()
-            for checks in self._finite:
-                mine, counts = counts[:len(checks.names)], counts[len(checks.names):]
-                for name, finite in zip(checks.names, mine, strict=True):
-                    if finite < checks.checks:  # finite at its first `finite` checks only
-                        self._note_nonfinite(checks.first + finite, name)
-            self._finite, self._checking = [], {}
-        return self._nonfinite
-
-    def _note_nonfinite(self, step: int, name: str) -> None:
-        if self._nonfinite is None or step < self._nonfinite[0]:
-            self._nonfinite = (step, [name])
-        elif step == self._nonfinite[0] and name not in self._nonfinite[1]:
-            self._nonfinite[1].append(name)
+        return self.stats.nonfinite()
 
     def epoch_stats(self) -> dict[str, float]:
         """The epoch's metrics: ``comm/*``, ``time/compress_s``, ``level/*``, ``grad_norm/*``,
         ``sent_fraction/*`` (sparsifiers: the elements sent over those offered), the
         compressor's own per-layer ``layer_stats`` and, on measured epochs, ``overlap/*`` and
         ``overlap_batch/*`` (:mod:`compression.overlap`)."""
-        self._read_tally()
-        stats: dict[str, Any] = {
-            "comm/bits": float(self.bits),
-            "comm/wire_bits": float(self.wire_bits),
-            "comm/bits_dense": float(self.bits_dense),
-            "time/compress_s": self.timer.seconds,
-        }
-        for kind in LAYER_TYPES:
-            stats[f"comm/bits_{kind}"] = float(self.type_bits[kind])
-            stats[f"comm/bits_dense_{kind}"] = float(self.type_bits_dense[kind])
+        per_layer: dict[str, Any] = {}
         for name in self.compressed_layers():
-            stats[f"level/{name}"] = self.layers[name].level
+            per_layer[f"level/{name}"] = self.layers[name].level
             for key, value in self.compressor.layer_stats(self.layers[name]).items():
-                stats[f"{key}/{name}"] = value
-        for name, (sent, offered) in self.chosen.items():
-            stats[f"sent_fraction/{name}"] = sent / offered
-        for name, g in self.grad_sums.items():
-            stats[f"grad_norm/{name}"] = g.norm()
-        stats = _floats(stats)  # one read of every value still on the device
+                per_layer[f"{key}/{name}"] = value
+        stats = self.stats.metrics(per_layer)
         if self.overlap is not None:
             stats.update(self.overlap.stats())
         return stats
 
     def grad_norms(self) -> dict[str, float]:
         """||Delta_e|| per layer: L2 norm of the local gradient summed over the epoch so far."""
-        return _floats({name: g.norm() for name, g in self.grad_sums.items()})
+        return self.stats.grad_norms()
 
     # ---- checkpoint ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -284,27 +222,14 @@ class HookState:
             self.layers[name].memory = {k: v.clone() for k, v in saved["memory"].items()}
 
     def epoch_state_dict(self) -> dict[str, Any]:
-        """This worker's sums of the epoch so far (Delta_e, bits, sent counts, compress time,
-        steps, the first non-finite sum): with :meth:`state_dict`, what continues an epoch
-        that stopped at a step boundary (a mid-epoch checkpoint)."""
-        self._read_tally()
-        return {"grad_sums": {n: g.clone() for n, g in self.grad_sums.items()},
-                "bits": self.bits, "wire_bits": self.wire_bits, "bits_dense": self.bits_dense,
-                "type_bits": dict(self.type_bits), "type_bits_dense": dict(self.type_bits_dense),
-                "chosen": {n: list(c) for n, c in self.chosen.items()},
-                "compress_s": self.timer.seconds, "step": self.step,
-                "nonfinite": self.nonfinite()}
+        """This worker's sums of the epoch so far (:meth:`EpochStats.state_dict
+        <compression.stats.EpochStats.state_dict>`): with :meth:`state_dict`, what continues an
+        epoch that stopped at a step boundary (a mid-epoch checkpoint)."""
+        return self.stats.state_dict()
 
     def load_epoch_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         """Continue the epoch :meth:`epoch_state_dict` saved (after :meth:`reset_epoch`)."""
-        self.grad_sums = {n: g.to(device).clone() for n, g in state["grad_sums"].items()}
-        self.bits, self.wire_bits = state["bits"], state["wire_bits"]
-        self.bits_dense = state["bits_dense"]
-        self.type_bits = dict(state["type_bits"])
-        self.type_bits_dense = dict(state["type_bits_dense"])
-        self.chosen = {n: list(c) for n, c in state["chosen"].items()}
-        self.timer.seconds, self.step = state["compress_s"], state["step"]
-        self._nonfinite = state["nonfinite"]
+        self.stats.load_state_dict(state, device)
 
     # ---- used by the hook ---------------------------------------------------------------
     def name_of(self, param: nn.Parameter) -> str:
@@ -357,45 +282,18 @@ class HookState:
 
     def _aggregate(self, names: list[str], grads: list[torch.Tensor], buffer: torch.Tensor
                    ) -> Future[torch.Tensor]:
-        if self.track_norms:
-            self._accumulate(names, grads)
-        self.bits_dense += FP32_BITS * buffer.numel()
+        stats = self.stats
+        if stats.track_norms:
+            stats.accumulate(names, grads)
+        stats.bits_dense += FP32_BITS * buffer.numel()
         dense, layers, compressed = self.split(names, grads, buffer)
-        observe = self.overlap is not None and self.overlap.active(self.epoch, self.step)
-        probes = [p for p in self.probes if p.active(self.epoch, self.step)]
+        observe = self.overlap is not None and self.overlap.active(self.epoch, stats.step)
+        probes = [p for p in self.probes if p.active(self.epoch, stats.step)]
         steps = self._bucket_steps(self._previous, dense, layers, compressed, buffer,
                                    (names, grads) if observe else None,
                                    (names, grads, probes) if probes else None)
-        self._previous = drive(steps, self.timer, self._stream)
+        self._previous = drive(steps, stats.timer, self._stream)
         return self._previous
-
-    def _accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
-        """Delta_e += g for each layer of the bucket, noting sums that stop being finite."""
-        sums = []  # (layer, float64 sum of its Delta_e) where no kernel checks it
-        for name, grad in zip(names, grads, strict=True):
-            acc = self.grad_sums.get(name)
-            if acc is None:
-                acc = self.grad_sums[name] = torch.zeros_like(grad)
-            finite = _grad_sum_kernel.add_finite(acc, grad)
-            if finite is None:  # no kernel for these tensors: add, then sum (no overflow in fp64)
-                acc.add_(grad)
-                sums.append((name, acc.sum(dtype=torch.float64)))
-            elif not finite:
-                self._note_nonfinite(self.step, name)
-        if sums:
-            self._count_finite([n for n, _ in sums], torch.stack([t for _, t in sums]).isfinite())
-
-    def _count_finite(self, names: list[str], finite: torch.Tensor) -> None:
-        """Count, on the device, the layers whose Delta_e this step's check found finite (read
-        in :meth:`nonfinite`, no sync per step). A sum that is no longer finite stays so (inf and
-        NaN absorb every later add), so the checks that found it finite are its first ones."""
-        checks = self._checking.get(tuple(names))
-        if checks is None or checks.first + checks.checks != self.step:  # not the next step
-            checks = _FiniteChecks(names, self.step, torch.zeros_like(finite, dtype=torch.int64))
-            self._checking[tuple(names)] = checks
-            self._finite.append(checks)
-        checks.counts += finite
-        checks.checks += 1
 
     def _bucket_steps(self, previous: Future, dense: list[torch.Tensor], layers: list[Layer],
                       grads: list[torch.Tensor], buffer: torch.Tensor,
@@ -412,59 +310,8 @@ class HookState:
         sent = yield from aggregate_bucket(self.compressor, dense, layers, grads, self.comm)
         for probe in probes:
             yield from probe.after(self, names, bucket)
-        self._account(layers, sent)
+        self.stats.account(layers, sent)
         return buffer
-
-    def _account(self, layers: list[Layer], sent: list[Sent]) -> None:
-        """Add what this worker sent for a bucket (its dense part, then ``layers``) to the
-        epoch's sums. Counts a compressor kept on the device (0-d integer tensors) are summed
-        there, per bucket, and read with the others in :meth:`_read_tally`."""
-        values: list[tuple[tuple[str, str], Any]] = [(("bits", ""), s.bits) for s in sent]
-        values += [(("wire_bits", ""), s.wire_bits) for s in sent]
-        for layer, s in zip(layers, sent[len(sent) - len(layers):], strict=True):
-            kind = layer_type(layer.shape)
-            values.append((("type_bits", kind), s.bits))
-            self.type_bits_dense[kind] += FP32_BITS * layer.shape.numel()
-            if s.elements is not None:
-                self.chosen.setdefault(layer.name, [0, 0])[1] += layer.shape.numel()
-                values.append((("chosen", layer.name), s.elements))
-        on_device = [(key, v) for key, v in values if isinstance(v, torch.Tensor)]
-        for key, value in values:
-            if not isinstance(value, torch.Tensor):
-                self._add(key, value)
-        if on_device:
-            keys = tuple(key for key, _ in on_device)
-            counts = torch.stack([v.to(torch.int64) for _, v in on_device])
-            total = self._tally.get(keys)
-            self._tally[keys] = counts if total is None else total.add_(counts)
-
-    def _add(self, key: tuple[str, str], value: int) -> None:
-        what, which = key
-        if what == "type_bits":
-            self.type_bits[which] += value
-        elif what == "chosen":
-            self.chosen[which][0] += value
-        else:
-            setattr(self, what, getattr(self, what) + value)
-
-    def _read_tally(self) -> None:
-        """Add the counts kept on the device to the epoch's sums: one read for all of them."""
-        if self._tally:
-            totals = torch.cat(list(self._tally.values())).tolist()
-            keys = [key for keys in self._tally for key in keys]
-            for key, value in zip(keys, totals, strict=True):
-                self._add(key, value)
-            self._tally = {}
-
-
-def _floats(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with every tensor among them read as a float: one read (one device sync) for
-    all of them. Float32 values come out as ``float(t)`` would give them."""
-    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
-    if not keys:
-        return values
-    read = torch.stack([values[k].detach().double() for k in keys]).tolist()
-    return {**values, **dict(zip(keys, read, strict=True))}
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
@@ -472,5 +319,5 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]
     names = [state.name_of(p) for p in bucket.parameters()]
     future = state.aggregate(names, bucket.gradients(), bucket.buffer())
     if bucket.is_last():
-        state.step += 1
+        state.stats.step += 1
     return future

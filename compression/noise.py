@@ -141,7 +141,7 @@ class NoiseProbe:
         self._local = []
         for name, grad in chosen:
             flat = grad.detach().reshape(-1)
-            index = (sample_index(flat.numel(), self.sample, state.epoch, state.step, name)
+            index = (sample_index(flat.numel(), self.sample, state.epoch, state.stats.step, name)
                      if compresses else None)
             local = flat.clone() if index is None else flat[index.to(flat.device)]
             self._local.append((local, flat.numel() / local.numel()))

@@ -31,7 +31,7 @@ from typing import Any
 
 import compression
 from compression.base import Compressor
-from compression.hook import HookState
+from compression.worker import WorkerState
 from core.errors import ConfigError, check_int, check_number
 from schedulers import register
 from schedulers.base import Scheduler
@@ -202,7 +202,7 @@ class Accordion(Scheduler):
         """ConfigError if the compressor does not take ``low`` and ``high`` as levels."""
         resolve_levels(compressor, self.low, self.high)
 
-    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: WorkerState) -> dict[str, Any]:
         """Set each compressed layer's level for ``epoch``; log ``critical/*`` and ``level/*``."""
         low, high = resolve_levels(hook_state.compressor, self.low, self.high)
         self.layers = hook_state.compressed_layers()

@@ -64,8 +64,9 @@ from typing import Any
 
 import compression
 from compression.base import Compressor
-from compression.hook import FP32_BITS, HookState
 from compression.noise import Measurement, NoiseProbe
+from compression.stats import FP32_BITS
+from compression.worker import WorkerState
 from core.errors import ConfigError, check_choice, check_int, check_number, check_ratio
 from schedulers import register
 from schedulers.accordion import History, is_check_epoch, replay
@@ -294,7 +295,7 @@ class Probing:
         self._hook: Any = None
         self._saved: dict[str, Any] | None = None
 
-    def attach(self, hook_state: HookState, levels: Sequence[Any] = ()) -> None:
+    def attach(self, hook_state: WorkerState, levels: Sequence[Any] = ()) -> None:
         """Add the probe to ``hook_state`` (once per hook state)."""
         if self._hook is hook_state:
             return
@@ -392,7 +393,7 @@ class AccordionAuto(Scheduler):
         candidates(compressor, self.levels)
         check_world(world_size, self.name)
 
-    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: WorkerState) -> dict[str, Any]:
         """Set each compressed layer's level for ``epoch``; log ``critical/*`` and ``level/*``."""
         self.chooser.levels = candidates(hook_state.compressor, self.levels)
         self.probing.attach(hook_state, self.chooser.levels)

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from compression.base import Compressor
-from compression.hook import HookState
+from compression.worker import WorkerState
 from core.errors import ConfigError, check_choice, check_int
 from schedulers import register
 from schedulers.accordion import History
@@ -76,7 +76,7 @@ class AccordionBatch(Scheduler):
         """Whether ``epoch`` is critical for the whole model."""
         return self.history.critical(epoch, [MODEL])[MODEL]
 
-    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: WorkerState) -> dict[str, Any]:
         """Log ``critical/model`` (the batch itself is :meth:`batch_size`)."""
         return {f"critical/{MODEL}": self.critical(epoch)}
 

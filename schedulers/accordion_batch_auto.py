@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from compression.base import Compressor
-from compression.hook import HookState
+from compression.worker import WorkerState
 from core.errors import check_int
 from schedulers import register
 from schedulers.accordion_auto import (
@@ -61,7 +61,7 @@ class AccordionBatchAuto(AccordionBatch):
         check_divisible([("batch_low", self.batch_low), *(("batches", b) for b in self.batches)],
                         world_size)
 
-    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: WorkerState) -> dict[str, Any]:
         """Attach the probe; log ``critical/model``."""
         self.probing.attach(hook_state)
         return super().start_epoch(epoch, hook_state)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from compression.base import Compressor
-from compression.hook import HookState
+from compression.worker import WorkerState
 from schedulers import register
 from schedulers.accordion import Accordion
 from schedulers.accordion_batch import AccordionBatch
@@ -34,7 +34,7 @@ class AccordionJoint(Scheduler):
         self.levels.validate(compressor, batch_size, world_size)
         self.batch.validate(compressor, batch_size, world_size)
 
-    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: WorkerState) -> dict[str, Any]:
         """Set the levels; log ``critical/*``, ``level/*`` and ``critical/model``."""
         return {**self.levels.start_epoch(epoch, hook_state),
                 **self.batch.start_epoch(epoch, hook_state)}

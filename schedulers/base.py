@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compression.hook import HookState
+from compression.worker import WorkerState
 
 
 class Scheduler:
@@ -30,7 +30,7 @@ class Scheduler:
     def validate(self, compressor: Any, batch_size: int, world_size: int) -> None:
         """Raise ConfigError if the scheduler's settings don't fit the compressor or the job."""
 
-    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: WorkerState) -> dict[str, Any]:
         """Set the levels ``hook_state`` uses in ``epoch``; return metrics to log."""
         return {}
 

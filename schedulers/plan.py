@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from compression.base import Compressor
-from compression.hook import HookState
+from compression.worker import WorkerState
 from core.errors import ConfigError, check_int
 from schedulers import register
 from schedulers.accordion_batch import LR_SCALINGS, lr_factor
@@ -81,7 +81,7 @@ class Plan(Scheduler):
                 raise ConfigError(f"scheduler.batch_sizes: the global batch {batch} must be "
                                   f"divisible by the world size {world_size}")
 
-    def start_epoch(self, epoch: int, hook_state: HookState) -> dict[str, Any]:
+    def start_epoch(self, epoch: int, hook_state: WorkerState) -> dict[str, Any]:
         """Set every compressed layer to the phase's level (``level/*`` is logged by the hook)."""
         if self.levels is not None:
             level = self.levels[self.phase(epoch)]

@@ -62,7 +62,7 @@ class Group:
 
 
 GROUPS = {
-    "hook": Group(["compression/hook.py"],
+    "hook": Group(["compression/hook.py", "compression/stats.py"],
                   ["tests/test_hook_accounting.py", "tests/test_faults.py", "tests/test_overlap.py",
                    "tests/test_observability.py"],
                   ranks=["tests/test_glue_ranks.py", "tests/test_preemption.py"]),

@@ -13,11 +13,11 @@ from omegaconf import OmegaConf
 
 import compression
 import schedulers
+from benchmarks.ranks import run_ranks
 from compression.comm import SimComm
 from compression.hook import HookState
 from compression.noise import NoiseProbe, TensorStats, sample_index
 from core.errors import ConfigError
-from core.ranks import run_ranks
 from schedulers.accordion_auto import (
     Candidate,
     Chooser,
@@ -74,7 +74,7 @@ def run_steps(compressor: compression.Compressor, steps: list[list[torch.Tensor]
                   for s, b in zip(states, buffers, strict=True)]:
             f.wait()  # simulated workers: done already; a gloo rank: its collectives
         for s in states:
-            s.step += 1
+            s.stats.step += 1
         outs.append(buffers)
     return states, probes, outs
 
@@ -237,8 +237,8 @@ def _epoch_one(swap_after: int | None) -> tuple[list[NoiseProbe], int]:
                   for s, g in zip(states, step, strict=True)]:
             f.wait()
         for s in states:
-            s.step += 1
-        if states[0].step == swap_after:
+            s.stats.step += 1
+        if states[0].stats.step == swap_after:
             for w, s in enumerate(states):
                 resumed = NoiseProbe(lambda e: e == 1, 2, [1], sample=1.0)
                 resumed.load_state_dict(probes[w].state_dict())
@@ -445,7 +445,7 @@ def test_every_compressor_with_levels_gets_measured_endpoints(name):
                       for s, b in zip(hook.states, buffers, strict=True)]:
                 f.wait()
             for s in hook.states:
-                s.step += 1
+                s.stats.step += 1
         layers = hook.compressed_layers()
         used = {n: row[f"level/{n}"] for n in layers}
         assert all(s.layers[n].level == used[n] for s in hook.states for n in layers)

@@ -22,12 +22,12 @@ from benchmarks.compressors import (
     resnet18_buckets,
     run_step,
 )
+from benchmarks.ranks import run_ranks
 from compression.base import Layer
 from compression.comm import SimComm
 from compression.hook import aggregate_bucket
 from compression.powersgd import PowerSGD
 from compression.topk import TopK
-from core.ranks import run_ranks
 from tests.conftest import ROOT
 
 

@@ -234,8 +234,9 @@ def test_the_epoch_progress_comes_back_from_a_mid_epoch_checkpoint(group, tmp_pa
     model, optimizer, hook_state, scheduler = trained_parts()
     hook_state.reset_epoch(2)
     model(torch.randn(5, 4)).sum().backward()
-    hook_state._accumulate(["2.weight"], [model[2].weight.grad])  # Delta_e of a step so far
-    hook_state.bits, hook_state.step, hook_state.chosen = 96, 3, {"2.weight": [5, 18]}
+    sums = hook_state.stats
+    sums.accumulate(["2.weight"], [model[2].weight.grad])  # Delta_e of a step so far
+    sums.bits, sums.step, sums.chosen = 96, 3, {"2.weight": [5, 18]}
     progress = EpochProgress(2, torch.device("cpu"), step=3, samples=15,
                              loss_sum=torch.tensor([4.5], dtype=torch.float64), seconds=2.0)
     tasks = [_Carrying((torch.ones(2), torch.zeros(2)))]
@@ -248,7 +249,8 @@ def test_the_epoch_progress_comes_back_from_a_mid_epoch_checkpoint(group, tmp_pa
     again = EpochProgress.resume(saved, fresh, again_tasks, torch.device("cpu"))
     assert (again.epoch, again.step, again.samples) == (2, 3, 15)
     assert again.loss_sum.tolist() == [4.5] and again.seconds() >= 2.0
-    assert (fresh.bits, fresh.step, fresh.chosen) == (96, 3, {"2.weight": [5, 18]})
-    assert torch.equal(fresh.grad_sums["2.weight"], hook_state.grad_sums["2.weight"])
+    assert (fresh.stats.bits, fresh.stats.step, fresh.stats.chosen) == \
+        (96, 3, {"2.weight": [5, 18]})
+    assert torch.equal(fresh.stats.grad_sums["2.weight"], sums.grad_sums["2.weight"])
     assert all(torch.equal(a, b) for a, b in zip(again_tasks[0].carry(), tasks[0].carry(),
                                                  strict=True))

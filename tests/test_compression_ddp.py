@@ -1,4 +1,4 @@
-"""Compressors inside real DDP: 2 gloo ranks (``core.ranks.run_ranks``), a small CNN.
+"""Compressors inside real DDP: 2 gloo ranks (``benchmarks.ranks.run_ranks``), a small CNN.
 
 Every rank function is module-level (the ranks are spawned processes) and returns plain data:
 tensors go back as NumPy arrays (``run_ranks``' queue cannot carry tensors out of a rank that
@@ -18,8 +18,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
+from benchmarks.ranks import run_ranks
 from compression.hook import comm_hook
-from core.ranks import run_ranks
 from training import buckets
 from training.tasks import FixedBatch
 

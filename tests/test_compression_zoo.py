@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 import compression
+from benchmarks.ranks import run_ranks
 from compression import rng
 from compression.base import Layer
 from compression.natural import natural_round
@@ -26,7 +27,6 @@ from compression.qsgd import code_bits, omega_bits
 from compression.table import lines_of_code
 from compression.table import main as table_main
 from core.errors import ConfigError
-from core.ranks import run_ranks
 from tests.conftest import random_steps
 from tests.test_compression_ddp import batch, make_ddp, make_plain, plain
 

@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
-from compression.hook import LAYER_TYPES, layer_type
-from core.ranks import run_ranks
+from benchmarks.ranks import run_ranks
+from compression.stats import LAYER_TYPES, layer_type
 from tests.test_compression_ddp import batch, make_ddp, plain, train
 
 # Variants that take another code path than the defaults.

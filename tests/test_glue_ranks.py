@@ -1,4 +1,4 @@
-"""The glue that is about ranks, on 2 real gloo ranks (``core.ranks.run_ranks``, spawned once
+"""The glue that is about ranks, on 2 real gloo ranks (``benchmarks.ranks.run_ranks``, spawned once
 for the whole module): ``params_in_sync`` reporting False, rank 0's object reaching every rank,
 each rank's own RNG stream and compressor memory restored from one checkpoint, and evaluations
 summed over ranks that equal one pass over the whole test set.
@@ -26,8 +26,8 @@ from torch.nn import functional as F
 import compression
 import run
 import schedulers
+from benchmarks.ranks import run_ranks
 from core.distributed import DistEnv
-from core.ranks import run_ranks
 from data import DataBundle
 from tests.test_tasks import Recurrent, images
 from training import checkpoint

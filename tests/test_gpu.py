@@ -96,7 +96,7 @@ def test_the_hook_queues_its_work_off_the_backward_stream(nccl):
         _step(ddp, optimizer, x, y)
     assert compressor.streams == {state._stream.cuda_stream}
     assert state._stream.cuda_stream != torch.cuda.default_stream().cuda_stream
-    assert isinstance(state.timer, CudaTimer)
+    assert isinstance(state.stats.timer, CudaTimer)
     stats = state.epoch_stats()
     assert stats["time/compress_s"] > 0 and stats["comm/bits"] > 0
 

@@ -26,7 +26,8 @@ from compression._adacomp_kernel import group_bytes
 from compression.adacomp import AdaComp
 from compression.base import Sent
 from compression.comm import SimComm, drive
-from compression.hook import HookState, aggregate_bucket, comm_hook, layer_type
+from compression.hook import HookState, aggregate_bucket, comm_hook
+from compression.stats import layer_type
 from core.errors import ConfigError
 from tests.conftest import TIMING, require_kernel
 
@@ -109,10 +110,10 @@ def test_delta_e_sums_every_step_of_the_local_gradient(group, name, params):
     model, ddp, state, opt = make(name, **params)
     local = train(model, ddp, opt, range(3))
     want = total(local)
-    assert sorted(state.grad_sums) == sorted(TRAINABLE)  # the frozen parameter has none
+    assert sorted(state.stats.grad_sums) == sorted(TRAINABLE)  # the frozen parameter has none
     norms = state.grad_norms()
     for n in TRAINABLE:
-        torch.testing.assert_close(state.grad_sums[n], want[n], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(state.stats.grad_sums[n], want[n], rtol=1e-5, atol=1e-7)
         assert norms[n] == pytest.approx(float(want[n].norm()), rel=1e-5)
         assert state.epoch_stats()[f"grad_norm/{n}"] == norms[n]
     # the statistic is taken before compression: what the optimizer applied differs
@@ -124,15 +125,15 @@ def test_delta_e_sums_every_step_of_the_local_gradient(group, name, params):
 def test_reset_epoch_starts_the_sums_and_the_bits_afresh(group):
     model, ddp, state, opt = make("topk", ratio=0.25)
     train(model, ddp, opt, range(2))
-    one_epoch_bits = state.bits
+    one_epoch_bits = state.stats.bits
     state.reset_epoch()
     stats = state.epoch_stats()
     assert all(stats[k] == 0 for k in stats if k.startswith(("comm/", "grad_norm/")))
     assert stats["time/compress_s"] == 0
     local = train(model, ddp, opt, range(2, 3))
     for n in TRAINABLE:
-        torch.testing.assert_close(state.grad_sums[n], local[0][n], rtol=1e-5, atol=1e-7)
-    assert 2 * state.bits == one_epoch_bits  # one step of the same layers and levels
+        torch.testing.assert_close(state.stats.grad_sums[n], local[0][n], rtol=1e-5, atol=1e-7)
+    assert 2 * state.stats.bits == one_epoch_bits  # one step of the same layers and levels
 
 
 # ---- bits ----------------------------------------------------------------------------------------
@@ -326,13 +327,13 @@ def test_an_epoch_stopped_mid_way_continues_with_its_sums(group, name, params):
     fresh.load_state_dict(saved)
     fresh.reset_epoch(0)
     fresh.load_epoch_state_dict(epoch, torch.device("cpu"))
-    assert fresh.timer.seconds == epoch["compress_s"]
+    assert fresh.stats.timer.seconds == epoch["compress_s"]
     train(model2, ddp2, opt2, range(3, 6))
     resumed, straight = fresh.epoch_stats(), state.epoch_stats()
     assert resumed.keys() == straight.keys()
     assert {k: v for k, v in resumed.items() if k not in TIMING} == \
         {k: v for k, v in straight.items() if k not in TIMING}
-    assert fresh.grad_norms() == state.grad_norms() and fresh.step == state.step == 6
+    assert fresh.grad_norms() == state.grad_norms() and fresh.stats.step == state.stats.step == 6
     assert fresh.nonfinite() is None
     fresh.load_epoch_state_dict({**epoch, "nonfinite": (2, ["fc.weight"])}, torch.device("cpu"))
     assert fresh.nonfinite() == (2, ["fc.weight"])
@@ -361,7 +362,7 @@ def test_counts_kept_on_the_device_are_the_counts_read_at_once(group):
         middle = state.epoch_state_dict()
         train(model, ddp, opt, range(2, 4))
         runs[cls] = middle, state.epoch_stats(), state.epoch_state_dict()
-        assert not state._tally  # all read
+        assert not state.stats._tally  # all read
     plain, counted = runs[AdaComp], runs[DeviceCounts]
     for a, b in ((plain[0], counted[0]), (plain[2], counted[2])):
         assert {k: v for k, v in a.items() if k not in ("grad_sums", "compress_s")} == \

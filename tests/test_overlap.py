@@ -84,7 +84,7 @@ def test_hook_measures_only_chosen_epochs_and_steps(follower: bool) -> None:
                 grads = [g.view_as(p) for g, (_, p) in
                          zip(buffer.split([p.numel() for _, p in params]), params, strict=True)]
                 futures.append(state.aggregate([n for n, _ in params], grads, buffer))
-                state.step += 1
+                state.stats.step += 1
             for f in futures:
                 f.wait()
         stats = states[0].epoch_stats()

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from torch.utils.data import TensorDataset
 
 import compression
+from benchmarks.ranks import run_ranks
 from core.distributed import DistEnv
-from core.ranks import run_ranks
 from data import DataBundle
 from training import signals
 from training.tasks import Classification, LanguageModel
@@ -59,16 +59,17 @@ def test_a_language_model_epoch_resumes_with_its_hidden_state():
 def _hook_round_trip(rank: int, world_size: int) -> bool:
     model = torch.nn.Linear(4, 3)
     state = compression.build(OmegaConf.create({"name": "none"}), model.named_parameters())
-    state.grad_sums = {"weight": torch.randn(3, 4)}
-    state.bits, state.wire_bits, state.bits_dense, state.step = 10, 12, 320, 3
-    state.type_bits["fc"], state.chosen = 7, {"weight": [2, 12]}
-    state.timer.seconds = 0.25
+    sums = state.stats
+    sums.grad_sums = {"weight": torch.randn(3, 4)}
+    sums.bits, sums.wire_bits, sums.bits_dense, sums.step = 10, 12, 320, 3
+    sums.type_bits["fc"], sums.chosen = 7, {"weight": [2, 12]}
+    sums.timer.seconds = 0.25
     saved = state.epoch_state_dict()
     stats = state.epoch_stats()
     state.reset_epoch()
     changed = state.epoch_stats() != stats
     state.load_epoch_state_dict(saved, torch.device("cpu"))
-    return changed and state.epoch_stats() == stats and state.step == 3
+    return changed and state.epoch_stats() == stats and sums.step == 3
 
 
 def _agree(rank: int, world_size: int) -> tuple[list[int], bool]:

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from benchmarks.ranks import run_ranks
 from core.errors import ConfigError
-from core.ranks import run_ranks
 from tests.conftest import CONF, TIMING, TINY, assert_ok, read_rows, run_cli
 from tests.test_compression_ddp import PROBE, SmallCNN, batch, make_ddp, plain
 from training import config

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from compression import HookState
+from compression import WorkerState
 from core import record, rng
 from core.errors import ConfigError
 from schedulers import Scheduler
@@ -27,7 +27,7 @@ from training.simulated import AllWorkers
 
 
 def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.nn.Module,
-         optimizer: torch.optim.Optimizer, hook_state: HookState | AllWorkers,
+         optimizer: torch.optim.Optimizer, hook_state: WorkerState,
          scheduler: Scheduler, progress: dict[str, Any] | None = None) -> None:
     """Gather every rank's own state (RNG, compressor memories); rank 0 writes the checkpoint.
 
@@ -57,7 +57,7 @@ def save(path: Path, cfg: Any, next_epoch: int, elapsed_s: float, model: torch.n
 
 
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         hook_state: HookState | AllWorkers, scheduler: Scheduler
+         hook_state: WorkerState, scheduler: Scheduler
          ) -> tuple[int, float, dict[str, Any] | None]:
     """Restore a checkpoint on this rank; returns (first epoch to run, elapsed seconds, this
     rank's progress through that epoch if the checkpoint was written mid-epoch, else None)."""
@@ -77,8 +77,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return int(ckpt["epoch"]), float(ckpt["elapsed_s"]), mine.get("progress")
 
 
-def _rank_states(hook_state: HookState | AllWorkers, progress: dict[str, Any] | None
-                 ) -> list[Any]:
+def _rank_states(hook_state: WorkerState, progress: dict[str, Any] | None) -> list[Any]:
     """Every rank's own state, in rank order (a DDP job gathers it; simulated learners hold
     it all)."""
     if isinstance(hook_state, AllWorkers):  # the process's progress goes with worker 0's part

@@ -7,7 +7,7 @@ that an epoch-end checkpoint holds: the steps already taken (the sampler resumes
 :meth:`training.tasks.Task.batches`), the train loss summed so far and the examples seen, the
 hook's sums (Delta_e per layer, the bits sent in all and by layer type, the elements a
 sparsifier chose, the time spent compressing, the first non-finite sum:
-:meth:`compression.HookState.epoch_state_dict`) and what a task carries from step to step (the
+:meth:`compression.WorkerState.epoch_state_dict`) and what a task carries from step to step (the
 LSTM's hidden state: :meth:`training.tasks.Task.carry`). :class:`EpochProgress` keeps the first
 of these and gathers the rest when the checkpoint is written; the RNG states and memories travel
 in the checkpoint's per-rank part as at an epoch's end (training/checkpoint.py).
@@ -23,8 +23,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from compression import HookState
-from training.simulated import AllWorkers
+from compression import WorkerState
 
 
 class EpochProgress:
@@ -48,15 +47,14 @@ class EpochProgress:
         """Training time of this epoch so far (evaluation excluded)."""
         return time.perf_counter() - self._started
 
-    def state_dict(self, hook_state: HookState | AllWorkers, tasks: list[Any]
-                   ) -> dict[str, Any]:
+    def state_dict(self, hook_state: WorkerState, tasks: list[Any]) -> dict[str, Any]:
         """This process's part of a mid-epoch checkpoint (``tasks``: its workers' tasks)."""
         return {"epoch": self.epoch, "step": self.step, "samples": self.samples,
                 "loss_sum": self.loss_sum.detach().cpu().clone(), "seconds": self.seconds(),
                 "hook": hook_state.epoch_state_dict(), "carry": [t.carry() for t in tasks]}
 
     @classmethod
-    def resume(cls, state: dict[str, Any], hook_state: HookState | AllWorkers,
+    def resume(cls, state: dict[str, Any], hook_state: WorkerState,
                tasks: list[Any], device: torch.device) -> EpochProgress:
         """Continue the epoch :meth:`state_dict` saved: the hook's sums and the tasks' carries
         are restored (call after the epoch's start: levels set, ``hook_state.reset_epoch()``)."""

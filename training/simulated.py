@@ -45,6 +45,7 @@ import compression
 from compression.comm import SimComm
 from compression.hook import HookState, Probe
 from compression.overlap import OverlapProbe
+from compression.worker import WorkerState
 from core import rng
 from core.distributed import DistEnv
 from training import buckets
@@ -74,9 +75,10 @@ def _record(state: _Recorder, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     return done
 
 
-class AllWorkers:
+class AllWorkers(WorkerState):
     """What the schedulers, the accounting and the checkpoint see of the simulated workers, as
-    they see one DDP rank's :class:`~compression.hook.HookState`: worker 0's layers, statistics
+    they see one DDP rank's :class:`~compression.hook.HookState` (the
+    :class:`~compression.worker.WorkerState` both implement): worker 0's layers, statistics
     and epoch sums (rank 0 records them, and Accordion decides on rank 0's Delta_e), levels set
     on every worker, and every worker's own state for the checkpoint."""
 
@@ -219,7 +221,7 @@ class SimulatedWorkers:
         if not all(f.done() for f in futures):
             raise RuntimeError("simulated workers did not finish the step together")
         for state in self.states:                   # as comm_hook counts a last bucket
-            state.step += 1
+            state.stats.step += 1
         for params, _, views in recorded[0]:        # every worker holds the same mean
             torch._foreach_copy_([p.grad for p in params], views)
         return results

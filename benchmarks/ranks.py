@@ -5,6 +5,9 @@
 Each rank gets a real ``torch.distributed`` gloo process group over loopback (a FileStore in a
 temp dir, so parallel tests never fight over ports); an exception on any rank fails the call
 with that rank's traceback.
+
+The benchmarks start their ranks with it, and the tests their real multi-process cases; the
+package itself (``core`` up to ``training``, ``run.py``) never does.
 """
 
 from __future__ import annotations
