@@ -43,13 +43,14 @@ print("checked")
 
 def project_files(source: Path) -> set[Path]:
     """What the wheel must install (relative paths): run.py, the Python files of the packages
-    (every top-level folder with Python code, but tests), the C kernels' sources, the Hydra
+    (every top-level folder with Python code, but the tests and the developers' tools/), the C
+    kernels' sources, the Hydra
     configs (and every other YAML file of a package), the published reference numbers the analysis
     reads and the benchmarks' data tables."""
     files = {source / "run.py", *(source / "compression" / "kernels").iterdir(),
              *(source / "analysis" / "reference").iterdir(), *(source / "benchmarks").glob("*.csv")}
     for folder in source.iterdir():
-        if folder.is_dir() and folder.name != "tests":
+        if folder.is_dir() and folder.name not in ("tests", "tools"):
             files.update(folder.rglob("*.py"), folder.rglob("*.yaml"))
     return {path.relative_to(source) for path in files}
 
