@@ -13,13 +13,18 @@ Each of these knobs selects other float code, so other rounding:
   only before MKL's first call);
 - oneDNN's convolutions pick kernels per ISA and cache size (``ONEDNN_MAX_CPU_ISA`` limits the
   ISA, not the blocking);
+- NNPACK, where oneDNN is off, takes float32 convolutions with a batch of 16 or more
+  (``use_nnpack`` in ATen's ``Convolution.cpp``) through its own kernels, built per ISA (AVX2 or
+  portable SIMD) and unavailable on some CPUs; a micro-batch of 4 took ATen's im2col path while
+  its batch of 32 took NNPACK's, so the two disagreed by 1e-3 after an epoch;
 - more threads split reductions and GEMMs differently.
 
 ``portable`` (the default for CPU runs) pins them all, in every process, before the first
 operation that would read them: ATen's DEFAULT kernels (compiled for the x86-64 baseline, no
-FMA), MKL's COMPATIBLE branch, oneDNN off (convolutions through ATen's im2col and MKL's GEMM),
-one intra-op and one inter-op thread. The same run then gives the same bits on any x86-64
-machine with the same software versions, at a cost measured by ``make bench-numerics``.
+FMA), MKL's COMPATIBLE branch, oneDNN and NNPACK off (convolutions through ATen's im2col and
+MKL's GEMM at every batch size), one intra-op and one inter-op thread. The same run then gives
+the same bits on any x86-64 machine with the same software versions, at a cost measured by
+``make bench-numerics``.
 ``native`` leaves every knob to the machine (fastest; the default at paper scale, where the
 work runs on GPUs and the CPU knobs barely touch the numbers). What was in effect goes into
 every run record (:mod:`core.provenance`).
@@ -82,6 +87,7 @@ def _pin(torch: Any) -> list[str]:
             and cbwr[0](_CBWR_BRANCH) != _CBWR_COMPATIBLE:
         missed.append(f"MKL's branch ({_CBWR_NAMES.get(cbwr[0](_CBWR_BRANCH), '?')})")
     torch.backends.mkldnn.enabled = False
+    torch.backends.nnpack.set_flags(False)
     torch.set_num_threads(1)
     if torch.get_num_interop_threads() != 1:
         try:
@@ -99,6 +105,7 @@ def state() -> dict[str, Any]:
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "mkl_cbwr": None if cbwr is None else _CBWR_NAMES.get(cbwr[0](_CBWR_BRANCH), "?"),
             "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
+            "nnpack_enabled": bool(torch._C._get_nnpack_enabled()),
             "intra_op_threads": torch.get_num_threads(),
             "inter_op_threads": torch.get_num_interop_threads(),
             "env": {k: os.environ.get(k) for k in (*PORTABLE_ENV, "ONEDNN_MAX_CPU_ISA",

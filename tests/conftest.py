@@ -52,6 +52,17 @@ def run_cli(args: list[str], nproc: int = 1, env: dict[str, str] | None = None,
                           text=True, timeout=timeout)
 
 
+def run_make(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``make ARGS`` from the repository root as a user would type it.
+
+    Under ``make test`` the environment carries the outer make's ``MAKELEVEL`` and ``MAKEFLAGS``,
+    which turn a nested make's output into "Entering directory" noise; they are dropped here.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    return subprocess.run(["make", "-o", ".venv/.installed", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
     """The run succeeded; otherwise show the end of its output."""
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from analysis.dashboard import AUTO, SECTIONS, build_workspace
-from tests.conftest import ROOT, TINY, assert_ok, read_rows, run_cli
+from tests.conftest import ROOT, TINY, assert_ok, read_rows, run_cli, run_make
 
 
 def _model(workspace) -> dict:
@@ -63,7 +63,6 @@ def test_without_a_login_one_line_says_what_to_do(tmp_path, entity):
 
 @pytest.mark.parametrize(("scale", "passed"), [([], ""), (["SCALE=tiny"], " --scale tiny")])
 def test_make_dashboard_passes_scale(scale, passed):
-    proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", "dashboard", "SWEEP=table1",
-                           *scale], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = run_make("-n", "dashboard", "SWEEP=table1", *scale)
     command = " ".join(proc.stdout.replace("\\\n", " ").split())
     assert command.endswith("-m analysis.dashboard table1" + passed)

@@ -51,8 +51,8 @@ def test_portable_pins_every_knob_in_a_fresh_process():
     assert proc.returncode == 0, proc.stderr
     state = json.loads(proc.stdout)
     assert (state["cpu_capability"], state["mkl_cbwr"], state["mkldnn_enabled"],
-            state["intra_op_threads"], state["inter_op_threads"]) == \
-        ("DEFAULT", "COMPATIBLE", False, 1, 1)
+            state["nnpack_enabled"], state["intra_op_threads"], state["inter_op_threads"]) == \
+        ("DEFAULT", "COMPATIBLE", False, False, 1, 1)
     assert state["env"]["ATEN_CPU_CAPABILITY"] == "default"
 
 

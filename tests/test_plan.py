@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from core.errors import ConfigError
-from tests.conftest import CONF, ROOT
+from tests.conftest import CONF, ROOT, run_make
 from tools import sweep_configs
 from training import sweeps
 
@@ -127,9 +127,7 @@ def test_make_plan_show_diff_through_the_cli(tmp_path):
 
 
 def test_make_plan_passes_show():
-    proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", "plan", "SWEEP=table1",
-                           "SCALE=tiny", "SHOW=diff"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = run_make("-n", "plan", "SWEEP=table1", "SCALE=tiny", "SHOW=diff")
     line = proc.stdout.splitlines()[-1]
     assert "sweep=table1" in line and line.endswith("hydra.sweeper.dry_run=true "
                                                     "hydra.sweeper.show=diff")
@@ -148,10 +146,8 @@ def test_sweep_dump_writes_every_scale(tmp_path):
 @pytest.mark.slow
 def test_make_reproduce_without_the_data_prints_only_the_dataset_line(tmp_path):
     # The sweep refuses (exit status 2) before it starts anything; its report is not run.
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "reproduce-table1",
-                           f"DATA_ROOT={tmp_path / 'data'}", f"RUNS={tmp_path / 'runs'}",
-                           "ONLY=model=resnet18 seed=0"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_make("reproduce-table1", f"DATA_ROOT={tmp_path / 'data'}",
+                    f"RUNS={tmp_path / 'runs'}", "ONLY=model=resnet18 seed=0", timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = [x for x in proc.stderr.splitlines() if not x.startswith("make: ***")]
     assert line.startswith("error: dataset.root: ") and "cifar-10-batches-py" in line

@@ -134,13 +134,15 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
                       nproc=2))
     big, acc = read_rows(tmp_path / "big"), read_rows(tmp_path / "acc")
     assert big[0]["comm/bits"] == acc[0]["comm/bits"]  # one communication per step either way
-    # only the summation order differs; under portable numerics (im2col + MKL COMPATIBLE) the
-    # epoch's loss drifts 1e-5 relative (native: below), so the weights' tolerance here too
-    assert acc[0]["train/loss"] == pytest.approx(big[0]["train/loss"], rel=1e-4)
+    # only the summation order differs: the loss agrees to 1e-6 relative and each weight tensor
+    # to 1e-5 of its norm (single elements near zero differ more, so per tensor). Unscaled
+    # micro-batch gradients, a dropped micro-batch or a convolution that takes another kernel
+    # for the bigger batch (NNPACK's, before portable numerics turned it off: 1e-3) miss.
+    assert acc[0]["train/loss"] == pytest.approx(big[0]["train/loss"], rel=1e-6)
     ma = torch.load(tmp_path / "big" / "checkpoint.pt", weights_only=True)["model"]
     mb = torch.load(tmp_path / "acc" / "checkpoint.pt", weights_only=True)["model"]
     for key in ma:
-        torch.testing.assert_close(ma[key], mb[key], rtol=1e-4, atol=1e-6)
+        assert (ma[key] - mb[key]).norm() <= 1e-5 * ma[key].norm(), key
 
 
 def test_divergence_is_recorded_and_stops_the_run(tmp_path):
