@@ -8,9 +8,9 @@
     python run.py -m sweep=table1 launcher=slurm                             # ... on Slurm
 
 Read top to bottom: check the config, start the process group, decide what the run directory
-calls for (start, resume, skip: training/runs.py), build model and DDP with the compression
+calls for (start, resume, skip: jobs/runs.py), build model and DDP with the compression
 hook, then train epoch by epoch. A preemption signal stops every rank at one step boundary
-with a mid-epoch checkpoint (training/signals.py, training/progress.py). Rank 0 leaves the run
+with a mid-epoch checkpoint (jobs/signals.py, training/progress.py). Rank 0 leaves the run
 record in the Hydra output directory (see core/record.py) and logs to W&B.
 """
 
@@ -40,7 +40,8 @@ import training.workers
 from core import distributed, numerics, process, provenance, record, rng
 from core.errors import ConfigError
 from core.lr import lr_at
-from training import checkpoint, faults, optim, runs, signals
+from jobs import faults, runs, signals
+from training import checkpoint, optim
 
 # Not named `config`: with `distributed` beside it, cloudpickle (submitit) would take the
 # unpicklable torch.distributed.config along with run.py's functions.

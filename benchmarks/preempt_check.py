@@ -4,7 +4,7 @@
 
 Two gloo ranks train the stress runs' model (ResNet-18 of width 8; 16 random 3x32x32 images a
 rank a step, compression off) in alternating blocks of 10 steps, with and without
-:class:`training.signals.StopCheck` after every step (``trainer.preempt_check_every=1``, its
+:class:`jobs.signals.StopCheck` after every step (``trainer.preempt_check_every=1``, its
 default), and report the median step time of each and their ratio; and the check's own median
 time. Prints one line per figure (nothing is written).
 """
@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import models
-from training import signals
+from jobs import signals
 
 BLOCKS, BLOCK = 12, 10
 

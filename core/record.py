@@ -166,12 +166,14 @@ def summarize(rows: list[dict[str, Any]], status: str, metric: str, total_time_s
     }
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config as one level of dotted keys: ``{"model.name": "resnet18", ...}``."""
-    if isinstance(node, dict):
+def flatten(node: Any, prefix: str = "", keep_empty: bool = False) -> dict[str, Any]:
+    """A nested config as one level of dotted keys: ``{"model.name": "resnet18", ...}``. An
+    empty mapping has no keys, so it vanishes, unless ``keep_empty`` makes it a value of its
+    own (to tell ``{}`` from an absent key)."""
+    if isinstance(node, dict) and (node or not keep_empty):
         out: dict[str, Any] = {}
         for key, value in node.items():
-            out.update(flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}.", keep_empty))
         return out
     return {prefix[:-1]: node}
 

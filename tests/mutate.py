@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "mutation"
 RAW = OUT / "raw"
 EQUIVALENT = ROOT / "tests" / "mutation_equivalent.csv"
-PACKAGES = ["core", "models", "data", "compression", "schedulers", "training", "analysis",
-            "benchmarks", "run.py"]
+PACKAGES = ["core", "models", "data", "compression", "schedulers", "jobs", "training",
+            "analysis", "benchmarks", "run.py"]
 NOT_REWRITTEN = {"staticmethod", "classmethod", "property"}  # mutmut handles the first two
 
 

@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 import analysis.claims
 import schedulers
 from core import record
+from jobs import sweeps
 from tests.analysis_fixture import MACHINE_A, MACHINE_B, provenance
 from tests.conftest import CONF, ROOT
 from tests.figure_checks import problems
-from training import sweeps
 from training.config import validate
 
 CLAIMS = ("residues", "fig2b", "overlap", "batch")

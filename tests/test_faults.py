@@ -27,9 +27,10 @@ from compression._native import PORTABLE_ENV
 from compression.hook import comm_hook
 from core import record
 from core.errors import ConfigError
+from jobs import faults
 from schedulers.accordion import History, replay
 from tests.conftest import ROOT, TINY, assert_ok, bits_of, read_rows, require_kernel, run_cli
-from training import checkpoint, faults
+from training import checkpoint
 
 # ---- the run record's files ------------------------------------------------------------------
 ROWS = [{"epoch": 0, "train/loss": 2.0}, {"epoch": 1, "train/loss": 1.5}]

@@ -30,7 +30,7 @@ from tests.conftest import ROOT, TIMING, TINY, assert_ok, read_rows, run_cli
 from training import checkpoint
 
 TIMEOUT_S = 10  # trainer.dist_timeout_s of these runs
-# Each rank waits up to 5 s for the others' posts (training.faults.WAIT_S), then Python and
+# Each rank waits up to 5 s for the others' posts (jobs.faults.WAIT_S), then Python and
 # torch take a few seconds to exit on a loaded 2-core machine.
 MARGIN_S = 12
 PRESETS = ["topk_authors", "powersgd_authors"]

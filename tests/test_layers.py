@@ -1,8 +1,9 @@
 """The folders form layers that import one way: a folder imports only folders of lower layers.
 
 ``core`` (errors, LR schedule, run record, process groups) is the base; ``models``, ``data`` and
-``compression`` build on it alone; ``schedulers`` drive compressors; ``training`` wires all of
-them together for ``run.py``; ``analysis``, ``benchmarks``, ``hydra_plugins`` (the sweeper
+``compression`` build on it alone; ``schedulers`` drive compressors; ``jobs`` (sweep plans,
+run directories, signals, faults) builds on data and models; ``training`` wires all of them
+together for ``run.py``; ``analysis``, ``benchmarks``, ``hydra_plugins`` (the sweeper
 and launcher) and ``tools`` (docs and config tooling) sit on top. Tests may import
 anything.
 """
@@ -15,7 +16,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-LAYER = {"core": 0, "models": 1, "data": 1, "compression": 1, "schedulers": 2, "training": 3,
+LAYER = {"core": 0, "models": 1, "data": 1, "compression": 1, "schedulers": 2, "jobs": 2,
+         "training": 3,
          "run": 4, "analysis": 4, "benchmarks": 4, "hydra_plugins": 4, "tools": 4}
 
 

@@ -14,9 +14,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from core.errors import ConfigError
+from jobs import sweeps
 from tests.conftest import CONF, ROOT, run_make
 from tools import sweep_configs
-from training import sweeps
 
 
 def _jobs_and_compose(name: str, arguments: list[str]):

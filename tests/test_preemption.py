@@ -15,7 +15,7 @@ import compression
 from benchmarks.ranks import run_ranks
 from core.distributed import DistEnv
 from data import DataBundle
-from training import signals
+from jobs import signals
 from training.tasks import Classification, LanguageModel
 
 ENV = DistEnv(rank=1, world_size=2, local_rank=1, launcher="torchrun")

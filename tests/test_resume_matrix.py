@@ -28,9 +28,9 @@ import compression
 import data
 import run
 from core import distributed
+from jobs import signals
 from tests.conftest import TIMING, read_rows
 from training import config as checks
-from training import signals
 
 EPOCHS = 2
 STEPS = 64 // 16  # per epoch: the training set over the global batch

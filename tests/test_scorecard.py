@@ -19,6 +19,7 @@ from analysis import reference, verdicts
 from analysis.scorecard import main
 from analysis.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Interval
 from core.errors import ConfigError
+from jobs import sweeps
 from tests.analysis_fixture import (
     MACHINE_A,
     MACHINE_B,
@@ -28,7 +29,6 @@ from tests.analysis_fixture import (
     write_record,
 )
 from tests.conftest import CONF
-from training import sweeps
 
 # Student's t, two-sided 95% (0.975 quantile), from printed tables (e.g. NIST/SEMATECH
 # e-Handbook of Statistical Methods, 1.3.6.7.2)

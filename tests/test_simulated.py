@@ -190,7 +190,7 @@ def test_simulated_resume_is_bit_exact(tmp_path):
 def _claim_runs(name: str) -> list:
     from hydra import compose, initialize_config_dir
 
-    from training import sweeps
+    from jobs import sweeps
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"sweep={name}"], return_hydra_config=True)

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from analysis.wandb_runs import read_wandb_file, wandb_files
+from jobs import runs
 from tests.conftest import read_rows
 from tests.test_faults_e2e import same_rows
 from tests.test_preemption_e2e import same_weights
 from tests.test_sweep_launch import finish, run_dirs, summary, sweep, two_rank_runs_completed
-from training import runs
 
 
 def slurm_problem() -> str | None:

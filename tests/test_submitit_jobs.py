@@ -17,9 +17,9 @@ from hydra_plugins.accordion_bench import jobs, task
 
 def _start_late(ready: str, go: str) -> list[int]:
     """A job's function: write its pid to ``ready`` (submitit's handlers are in place by now),
-    wait for ``go``, then start as run.py does (:func:`training.signals.install`); the signal it
+    wait for ``go``, then start as run.py does (:func:`jobs.signals.install`); the signal it
     then holds."""
-    from training import signals
+    from jobs import signals
 
     Path(ready).write_text(str(os.getpid()))
     while not Path(go).exists():

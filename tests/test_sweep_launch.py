@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from jobs import runs
 from tests.conftest import ROOT, read_rows
 from tests.test_faults_e2e import same_rows
 from tests.test_preemption_e2e import same_weights
-from training import runs
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """Sweeps: every paper table's runs and configs, the reference rows they map to, the expansion
-rules, and what a relaunch does with each run directory (training/runs.py)."""
+rules, and what a relaunch does with each run directory (jobs/runs.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from core.errors import ConfigError
+from jobs import runs, sweeps
 from tests.conftest import CONF, ROOT
-from training import runs, sweeps
 from training.config import validate
 
 SCALES = ("paper", "tiny")

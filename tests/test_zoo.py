@@ -17,9 +17,9 @@ from omegaconf import OmegaConf, open_dict
 import compression
 from analysis import zoo
 from core import record
+from jobs import sweeps
 from tests.conftest import CONF, ROOT
 from tests.figure_checks import problems
-from training import sweeps
 from training.config import validate
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from training import sweeps
+from jobs import sweeps
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 SCALES = ("paper", "tiny", None)  # None: the sweep's own default (the claim sweeps set theirs)

@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 from compression import WorkerState
 from core import record, rng
 from core.errors import ConfigError
+from jobs import runs
 from schedulers import Scheduler
-from training import runs
 from training.simulated import AllWorkers
 
 
@@ -138,7 +138,7 @@ def config_difference(saved: dict[str, Any], current: dict[str, Any],
     """The first key (in ``current``'s order, then ``saved``'s) whose value differs between two
     resolved configs, other than the ``neutral`` ones, as "key: <saved> in the checkpoint,
     <current> now"; None if they agree."""
-    a, b = _flatten(saved), _flatten(current)
+    a, b = record.flatten(saved, keep_empty=True), record.flatten(current, keep_empty=True)
     for key in dict.fromkeys([*b, *a]):
         if any(key == n or key.startswith(n + ".") for n in neutral):
             continue
@@ -146,13 +146,6 @@ def config_difference(saved: dict[str, Any], current: dict[str, Any],
             return (f"{key}: {a.get(key, '(absent)')!r} in the checkpoint, "
                     f"{b.get(key, '(absent)')!r} now")
     return None
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        return {k: v for key, value in node.items()
-                for k, v in _flatten(value, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: node}
 
 
 def _read_whole(path: Path) -> dict[str, Any]:

@@ -35,7 +35,8 @@ from core.errors import (
     check_str,
 )
 from core.record import CHECKPOINT
-from training import checkpoint, optim, signals, tasks, wandb_logger
+from jobs import signals
+from training import checkpoint, optim, tasks, wandb_logger
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # Groups whose option file (conf/<group>/<name>.yaml) lists their keys.

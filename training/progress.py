@@ -1,5 +1,5 @@
 """How far the current epoch has gone on this rank: everything a mid-epoch checkpoint must hold
-to continue the epoch bit for bit (training/signals.py says when the ranks stop). For simulated
+to continue the epoch bit for bit (jobs/signals.py says when the ranks stop). For simulated
 learners, the process's progress holds every learner's sums and carry.
 
 An epoch's result depends on more than the model, the optimizer and the compressor memories

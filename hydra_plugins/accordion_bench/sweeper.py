@@ -1,7 +1,7 @@
 """``hydra/sweeper: runs``: a sweep as the union of run groups, planned before it launches.
 
 Hydra's basic sweeper runs one cross product; a paper table is several (each model has its own
-methods). This sweeper expands ``groups`` x ``params`` (:func:`training.sweeps.expand`), composes
+methods). This sweeper expands ``groups`` x ``params`` (:func:`jobs.sweeps.expand`), composes
 every run, prints the plan (runs complete / to resume / to rerun / to start, and the compute),
 checks that the data is there and that no run's directory holds another config (one line and
 exit status 2 if not), and hands the runs that are not complete to the launcher: a relaunch
@@ -68,7 +68,7 @@ class RunsSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from core.errors import ConfigError
-        from training import runs, sweeps
+        from jobs import runs, sweeps
 
         assert self.config is not None and self.hydra_context is not None
         assert self.launcher is not None
@@ -112,8 +112,8 @@ class RunsSweeper(Sweeper):
 
 def _record_failure(ret: JobReturn, root: Path, stamps: dict[str, Any]) -> str:
     """``<run directory> (<how the run ended>)`` for a failed job, recorded in the run's
-    directory if the job could not (:func:`training.runs.record_failed_job`)."""
-    from training import runs
+    directory if the job could not (:func:`jobs.runs.record_failed_job`)."""
+    from jobs import runs
 
     error = ret._return_value  # noqa: SLF001 (JobReturn.return_value raises a job's error)
     lines = str(error).strip().splitlines()

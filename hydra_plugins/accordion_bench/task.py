@@ -7,7 +7,7 @@ otherwise) as its first instruction, then runs the module submitit asked for, as
 -m`` would. A preemption or time-limit warning that Slurm sends while the task starts (before
 submitit has loaded the job, whose handler would requeue rank 0 alone, or before it has any
 handler, when the signal's default action would kill the task) stays pending until run.py's
-:func:`training.signals.install` lets it through to the handler that stops every rank at one
+:func:`jobs.signals.install` lets it through to the handler that stops every rank at one
 step boundary. Importing this module does nothing (Hydra imports every plugin module).
 """
 

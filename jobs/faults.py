@@ -29,7 +29,7 @@ from torch import nn
 from core import distributed
 from core.errors import ConfigError
 from core.record import RecordError
-from training import signals
+from jobs import signals
 
 # How long a rank that saw a collective fail waits for the other ranks' posts (at most
 # trainer.dist_timeout_s): a rank that failed on its own posts before it exits.

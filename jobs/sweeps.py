@@ -12,7 +12,7 @@ crossed with ``hydra.sweeper.params`` (like Hydra's basic sweeper). On the comma
 - a group's ``scales: [paper]`` runs it at those scales only (``scale`` from the sweep's config).
 
 :func:`make_plan` composes every run's config (through the caller's ``compose``), finds its
-deterministic directory, what starting it would do (:mod:`training.runs`) and its compute
+deterministic directory, what starting it would do (:mod:`jobs.runs`) and its compute
 (model FLOPs on the meta device), and :meth:`Plan.describe` prints that before a sweep launches;
 :meth:`Plan.show` prints each run's resolved config, or its difference from the defaults.
 
@@ -46,7 +46,7 @@ import models
 from compression._native import cache_dir
 from core.errors import ConfigError
 from core.record import flatten
-from training import runs
+from jobs import runs
 
 GROUP_ONLY = ("scales",)  # group keys that select, not override
 # Examples (or tokens) in the official files, for the compute estimate of file datasets.
