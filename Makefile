@@ -124,7 +124,7 @@ test-slurm: $(VENV_STAMP) ## the tests against a real Slurm (make slurm-up first
 	$(PY) -m pytest -q --slurm -m slurm $(PYTEST_FLAGS)
 
 mutate: $(VENV_STAMP) ## mutation testing of the glue modules (mutmut) [GROUPS="hook lr ..."] -> results/mutation/
-	$(PY) -m tests.mutate $(GROUPS)
+	$(PY) -m tools.mutate $(GROUPS)
 
 lint: $(VENV_STAMP) ## ruff
 	$(PY) -m ruff check .
@@ -163,4 +163,4 @@ bench-tta: $(VENV_STAMP) ## time to accuracy of run.py jobs over the link at rat
 stress: $(VENV_STAMP) ## 50 back-to-back 2-rank runs over every compressor x scheduler -> results/bench/stress.{csv,md}; every test marked stress (faults, preemption, simulated learners for every compressor); the config fuzz with fresh random examples
 	$(PY) -m benchmarks.stress
 	$(PY) -m pytest -q --stress -m stress tests $(PYTEST_FLAGS)
-	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q tests/test_config_fuzz.py $(PYTEST_FLAGS)
+	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q tests/unit/test_config_fuzz.py $(PYTEST_FLAGS)

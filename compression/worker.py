@@ -5,7 +5,7 @@ Two classes implement it, and say so by subclassing it: :class:`~compression.hoo
 (one DDP rank's) and :class:`~training.simulated.AllWorkers` (W simulated learners in one
 process, seen as rank 0 is: learner 0's layers and statistics, levels set on every learner).
 A subclass must define every member: one it leaves out would inherit the stub below
-(``tests/test_worker_state.py`` checks both).
+(``tests/unit/test_worker_state.py`` checks both).
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ def compose_runs(job_overrides: list[list[str]], compose: Callable[[list[str]], 
         if (key := tuple(groups)) not in bases:
             bases[key] = compose(groups)
         cfg = copy.deepcopy(bases[key])
-        # Hydra's own step (private; hydra-core is pinned to 1.3.x, and tests/test_plan.py
+        # Hydra's own step (private; hydra-core is pinned to 1.3.x, and tests/unit/test_plan.py
         # compares the result with Hydra's whole composition).
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         out.append(cfg)

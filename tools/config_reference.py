@@ -268,7 +268,7 @@ def render(opts: list[Option] | None = None) -> str:
         "Look up a config group, an option or a key here: what it is and its value as the file "
         "sets it. [Configuration](configuration.md) says how the groups compose into one run. "
         "This page is written from the comments in `conf/` by `python -m tools.config_reference`"
-        " (`make docs`); `tests/test_docs.py` fails when a key has no comment or the page is "
+        " (`make docs`); `tests/unit/test_docs.py` fails when a key has no comment or the page is "
         "stale.", "",
         "Groups: " + ", ".join(f"[`{g}`](#{g})" for g in groups if g) + ".", "",
         "## Top level", "",
