@@ -109,7 +109,7 @@ docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/c
 
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q $(PYTEST_FLAGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_FLAGS)
 
 test-fast: $(VENV_STAMP) ## tests without the slow ones
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_FLAGS)
@@ -121,7 +121,7 @@ slurm-down: ## stop make slurm-up's Slurm (its jobs are cancelled)
 	@slurm/down.sh
 
 test-slurm: $(VENV_STAMP) ## the tests against a real Slurm (make slurm-up first) and two nodes as network namespaces (root)
-	$(PY) -m pytest -q --slurm -m slurm $(PYTEST_FLAGS)
+	$(PY) -m pytest -q --durations=0 --slurm -m slurm $(PYTEST_FLAGS)
 
 mutate: $(VENV_STAMP) ## mutation testing of the glue modules (mutmut) [GROUPS="hook lr ..."] -> results/mutation/
 	$(PY) -m tools.mutate $(GROUPS)
