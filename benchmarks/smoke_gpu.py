@@ -131,7 +131,7 @@ def first_difference(a: Path, b: Path) -> str | None:
         for key in sorted((set(ra) | set(rb)) - TIMING):
             if ra.get(key) != rb.get(key):
                 return f"epoch {epoch} {key}: {ra.get(key)!r} vs {rb.get(key)!r}"
-    wa, wb = (torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
+    wa, wb = (torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
               for d in (a, b))
     for key, value in wa.items():
         if not torch.equal(value, wb[key]):

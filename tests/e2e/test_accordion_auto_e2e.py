@@ -76,7 +76,7 @@ def test_epoch_end_resume_is_bit_exact_with_a_budget(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert_ok(run_cli([*common, "trainer.epochs=4", f"hydra.run.dir={straight}"]))
     assert_ok(run_cli([*common, "trainer.epochs=2", f"hydra.run.dir={resumed}"]))
-    saved = torch.load(resumed / "checkpoint.pt", weights_only=False)["scheduler"]
+    saved = torch.load(resumed / "checkpoint.pt", weights_only=True)["scheduler"]
     path = tmp_path / "scheduler.pt"
     torch.save(saved, path)
     assert torch.load(path, weights_only=True) == saved  # plain containers only

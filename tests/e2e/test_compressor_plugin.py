@@ -81,7 +81,7 @@ def test_step_5_trains_it_in_a_2_rank_ddp_run(user_dir: Path) -> None:
                       nproc=2, env=env))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["params_in_sync"]
-    model = torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    model = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
     params = [v for k, v in model.items() if v.is_floating_point() and "running" not in k]
     per_step = sum(32 + v.numel() if v.ndim > 1 else 32 * v.numel() for v in params)
     wire = sum(32 + 32 * math.ceil(v.numel() / 32) if v.ndim > 1 else 32 * v.numel()
