@@ -66,6 +66,22 @@ def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def same_rows(a: list[dict], b: list[dict]) -> None:
+    """Two runs' metric rows are equal, epoch by epoch, but for the timings."""
+    assert len(a) == len(b)
+    for row_a, row_b in zip(a, b, strict=True):
+        assert {k: v for k, v in row_a.items() if k not in TIMING} == \
+               {k: v for k, v in row_b.items() if k not in TIMING}
+
+
+def same_weights(a: Path, b: Path) -> None:
+    """The final model weights in two run directories' checkpoints are bit for bit equal."""
+    wa = torch.load(a / "checkpoint.pt", weights_only=True)["model"]
+    wb = torch.load(b / "checkpoint.pt", weights_only=True)["model"]
+    for key, value in wa.items():
+        assert torch.equal(value, wb[key]), key
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--stress", action="store_true",
                      help="also run the tests marked stress (`make stress`)")

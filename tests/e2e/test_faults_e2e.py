@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, TIMING, TINY, assert_ok, read_rows, run_cli
+from tests.conftest import ROOT, TINY, assert_ok, read_rows, run_cli, same_rows
 from training import checkpoint
 
 TIMEOUT_S = 10  # trainer.dist_timeout_s of these runs
@@ -153,13 +153,6 @@ def past_first_checkpoint(compressor: str, run_dir: Path, log: Path, watched: bo
 
 def error_lines(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if line.startswith("error: ")]
-
-
-def same_rows(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
-    for row_a, row_b in zip(a, b, strict=True):
-        assert {k: v for k, v in row_a.items() if k not in TIMING} == \
-               {k: v for k, v in row_b.items() if k not in TIMING}
 
 
 # ---- 1. a rank dies mid-epoch ---------------------------------------------------------------

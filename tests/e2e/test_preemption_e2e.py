@@ -11,14 +11,13 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import ROOT, assert_ok, read_rows, run_cli
-from tests.e2e.test_faults_e2e import fault_args, past_first_checkpoint, same_rows, seeded_fault
+from tests.conftest import ROOT, assert_ok, read_rows, run_cli, same_rows, same_weights
+from tests.e2e.test_faults_e2e import fault_args, past_first_checkpoint, seeded_fault
 from training import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -33,13 +32,6 @@ def compressors_and_signals() -> list:
     stress = pytest.mark.stress
     return [pytest.param("powersgd", "SIGUSR1", "true", marks=stress),
             ("topk", "SIGTERM", "auto"), pytest.param("adacomp", "SIGUSR1", "true", marks=stress)]
-
-
-def same_weights(a: Path, b: Path) -> None:
-    wa = torch.load(a / "checkpoint.pt", weights_only=True)["model"]
-    wb = torch.load(b / "checkpoint.pt", weights_only=True)["model"]
-    for key, value in wa.items():
-        assert torch.equal(value, wb[key]), key
 
 
 @pytest.mark.parametrize(("compressor", "name", "resume"), compressors_and_signals())

@@ -23,9 +23,7 @@ import pytest
 
 from analysis.wandb_runs import read_wandb_file, wandb_files
 from jobs import runs
-from tests.conftest import read_rows
-from tests.e2e.test_faults_e2e import same_rows
-from tests.e2e.test_preemption_e2e import same_weights
+from tests.conftest import read_rows, same_rows, same_weights
 from tests.e2e.test_sweep_launch import finish, run_dirs, summary, sweep, two_rank_runs_completed
 
 

@@ -17,9 +17,7 @@ import pytest
 import torch
 
 from jobs import runs
-from tests.conftest import ROOT, read_rows
-from tests.e2e.test_faults_e2e import same_rows
-from tests.e2e.test_preemption_e2e import same_weights
+from tests.conftest import ROOT, read_rows, same_rows, same_weights
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import e2e, netns
-from tests.conftest import ROOT, TINY, assert_ok, read_rows, run_cli
-from tests.e2e.test_faults_e2e import same_rows
-from tests.e2e.test_preemption_e2e import same_weights
+from tests.conftest import ROOT, TINY, assert_ok, read_rows, run_cli, same_rows, same_weights
 
 REASON = netns.unavailable_reason()
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
