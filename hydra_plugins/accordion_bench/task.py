@@ -27,14 +27,15 @@ def held() -> set[signal.Signals]:
 
 def main(argv: list[str]) -> None:
     """Block :func:`held`, then run ``-m <module> <args>`` from ``argv`` (after this module's
-    own name; a leading ``-u`` is dropped: this interpreter runs unbuffered already)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, held())
+    own name; a leading ``-u`` is dropped: this interpreter runs unbuffered already). A command
+    it does not know is refused before anything is blocked."""
     args = argv[1:]
     if args[:1] == ["-u"]:
         args = args[1:]
     if len(args) < 2 or args[0] != "-m" or args[1] != SUBMITIT_MODULE:
         sys.exit(f"usage: python -u -m hydra_plugins.accordion_bench.task -u -m "
                  f"{SUBMITIT_MODULE} <folder>; got {' '.join(argv[1:])!r}")
+    signal.pthread_sigmask(signal.SIG_BLOCK, held())
     sys.argv = [args[1], *args[2:]]
     runpy.run_module(args[1], run_name="__main__", alter_sys=True)
 

@@ -50,6 +50,10 @@ def test_a_signal_while_the_task_starts_is_held_for_the_run(tmp_path, signum):
 
 
 def test_the_task_refuses_a_command_it_does_not_know(tmp_path):
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     with pytest.raises(SystemExit, match="usage: python -u -m hydra_plugins.accordion_bench"):
         task.main(["task.py", "-u", "-m", "http.server", str(tmp_path)])
+    # Refused before blocking anything: a mask left here would hold the signals of every
+    # process this one starts later (tests/ranks/test_preemption.py saw no SIGUSR1).
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
 
