@@ -58,7 +58,7 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: validate, then train (exit status 2 on bad input)."""
     env = distributed.detect()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (training/signals)
+    signals.install()  # SIGTERM, preemption: how the run ends, to be resumed (jobs/signals.py)
     try:
         numerics.apply(cfg.trainer.numerics)  # before torch's first operation (core/numerics)
         world_size = checks.world_size(cfg, env.world_size)  # ranks, or simulated learners
