@@ -51,12 +51,13 @@ import torch
 
 from compression.base import Layer
 from compression.comm import SimComm, Steps, drive
+from compression.stats import FP32_BITS
 
 if TYPE_CHECKING:
     from compression.hook import HookState
 
 MIN_SAMPLE = 256  # coordinates of a tensor the mean is sampled at, at least (all if fewer)
-FP32_BITS, FP64_BITS = 32, 64
+FP64_BITS = 64
 SQUARES = 3       # local_sq, dev_sq, mean_sq
 
 

@@ -56,11 +56,11 @@ from compression._native import usable
 from compression.base import Compressor, Layer, Sent
 from compression.comm import Comm, Steps
 from compression.memory import ErrorFeedback
+from compression.stats import FP32_BITS
 from core.errors import check_bool, check_int
 
 log = logging.getLogger(__name__)
 
-FP32_BITS = 32
 EPSILON = 1e-8  # keeps Gram-Schmidt finite when a column of P vanishes (zero gradients)
 
 
