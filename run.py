@@ -160,7 +160,7 @@ def _train(cfg: DictConfig, env: distributed.DistEnv, run_dir: Path, bundle: dat
     except BaseException as exc:  # noqa: BLE001 (_fail re-raises)
         _fail(run, exc)
     finally:
-        signals.undefer()
+        signals.undefer(ended=status != "running")  # late warnings: nothing left to save
     return _finish(run, status, why)
 
 

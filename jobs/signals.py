@@ -29,7 +29,8 @@ preemption): submitit's own signal and SIGUSR1 (:data:`STARTUP`) are held blocke
 task's first instruction (hydra_plugins/accordion_bench/task.py, before submitit has loaded the
 job) and noted from :func:`install` on, so one that comes early stops the ranks at the training
 loop's first check, checkpointed and requeued, instead of killing the tasks or requeueing rank 0
-alone. After the loop submitit's handlers are back.
+alone. After the loop submitit's handlers are back, unless the run ended by itself: then
+these signals are ignored to the task's exit (:func:`undefer`).
 """
 
 from __future__ import annotations
@@ -143,11 +144,18 @@ def defer(names: Any) -> None:
     _state["requested"] = early if early in signums else 0
 
 
-def undefer() -> None:
-    """End :func:`defer` (and :func:`install`'s noting): the handlers before them again."""
+def undefer(ended: bool = False) -> None:
+    """End :func:`defer` (and :func:`install`'s noting): the handlers before them again. Under
+    submitit, a run that ``ended`` by itself (completed or diverged) ignores the preemption
+    signals instead, to the process's exit: nothing is left to checkpoint, and a time-limit
+    warning that Slurm sends late (it checks limits every 30 s or so, so the warning for a short
+    attempt may come after the run) would otherwise requeue a finished job through submitit's
+    handler, or kill the task while the interpreter exits (Python's finalization puts back the
+    default action, which terminates, for every signal with a Python handler; an ignored signal
+    stays ignored)."""
     _state["deferring"], _state["requested"], _state["signals"] = False, 0, ()
     for signum, handler in _state["before"].items():
-        signal.signal(signum, handler)
+        signal.signal(signum, signal.SIG_IGN if ended and under_submitit() else handler)
     _state["before"] = {}
 
 

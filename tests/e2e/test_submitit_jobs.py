@@ -49,6 +49,41 @@ def test_a_signal_while_the_task_starts_is_held_for_the_run(tmp_path, signum):
     assert "Requeued" not in (job.stdout() or "")
 
 
+def _end_then_wait(ready: str, go: str) -> str:
+    """A job's function: a run that ends by itself (run.py's install, defer, undefer), then
+    writes its pid to ``ready`` and waits for ``go`` (a late warning comes meanwhile)."""
+    from jobs import signals
+
+    signals.install()
+    signals.defer(["SIGUSR1"])
+    signals.undefer(ended=True)
+    Path(ready).write_text(str(os.getpid()))
+    while not Path(go).exists():
+        time.sleep(0.05)
+    return "done"
+
+
+def test_a_late_warning_after_the_run_ended_requeues_nothing(tmp_path):
+    # Slurm checks time limits every 30 s or so: the warning for a short attempt can come after
+    # the run completed. Submitit's handler would requeue the finished job (a real Slurm test saw
+    # it kill a task as the interpreter exited instead: "User defined signal 2").
+    executor = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="local",
+                                     local_python=jobs.TASK)
+    executor.update_parameters(timeout_min=5, tasks_per_node=1)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    job = executor.submit(_end_then_wait, str(ready), str(go))
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert not job.done() and time.monotonic() < deadline, job.stderr()
+        time.sleep(0.05)
+    time.sleep(0.1)  # the pid written
+    os.kill(int(ready.read_text()), signal.SIGUSR2)
+    time.sleep(0.5)  # time for a handler to act, were the signal not ignored
+    go.touch()
+    assert job.result() == "done", job.stderr()
+    assert "Caught signal" not in (job.stdout() or ""), job.stdout()
+
+
 def test_the_task_refuses_a_command_it_does_not_know(tmp_path):
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     with pytest.raises(SystemExit, match="usage: python -u -m hydra_plugins.accordion_bench"):
