@@ -6,23 +6,28 @@ PYTEST_FLAGS ?=
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-# Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|slurm|slurm_local|submitit_local,
-# SEEDS=0,1,2 (default: the sweep's own), WORKERS=ranks per run, DATA_ROOT=folder of the datasets,
-# ONLY="model=resnet18" (part of a sweep), RUNS=results/runs (where the run directories go),
-# OUT=folder (its report, or make claim-<name>'s figure and table; default results/<sweep>/,
-# results/claims/<name>/).
+# Sweeps (make reproduce-<sweep>): SCALE=paper|tiny, LAUNCHER=local|simulated|slurm|submitit_local
+# (tiny: simulated, each run one process of WORKERS simulated learners, bit for bit what WORKERS
+# ranks give; LAUNCHER=local: WORKERS torchrun ranks per run), SEEDS=0,1,2 (default: the sweep's
+# own), WORKERS=ranks (or simulated learners) per run, PARALLEL=runs at once (local and simulated;
+# tiny: 2), DATA_ROOT=folder of the datasets, ONLY="model=resnet18" (part of a sweep),
+# RUNS=results/runs (where the run directories go), OUT=folder (its report, or make
+# claim-<name>'s figure and table; default results/<sweep>/, results/claims/<name>/).
 SWEEPS := table1 table2 table3 table4 table5 table6 fig9 fig10 adacomp ablation_ef
 SCALE ?= paper
-LAUNCHER ?= local
+LAUNCHER ?= $(if $(filter tiny,$(SCALE)),simulated,local)
 SEEDS ?=
 WORKERS ?= $(if $(filter tiny,$(SCALE)),2,4)
+PARALLEL ?= $(if $(filter simulated,$(LAUNCHER)),2,1)
 DATA_ROOT ?=
 RUNS ?= results/runs
 ONLY ?=
-WORKERS_KEY = $(if $(filter local,$(LAUNCHER)),nproc_per_node,tasks_per_node)
+WORKERS_KEY = $(if $(filter local,$(LAUNCHER)),hydra.launcher.nproc_per_node,$(if \
+	$(filter simulated,$(LAUNCHER)),trainer.workers,hydra.launcher.tasks_per_node))
+LAUNCH_ARGS = launcher=$(LAUNCHER) $(WORKERS_KEY)=$(WORKERS) \
+	$(if $(filter local simulated,$(LAUNCHER)),hydra.launcher.parallel=$(PARALLEL))
 RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SCALE) \
-	launcher=$(LAUNCHER) hydra.launcher.$(WORKERS_KEY)=$(WORKERS) runs_root=$(RUNS) \
-	$(if $(SEEDS),seed=$(SEEDS))
+	$(LAUNCH_ARGS) runs_root=$(RUNS) $(if $(SEEDS),seed=$(SEEDS))
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/ (or OUT=dir)
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE) $(if $(OUT),--out $(OUT))
 # After a sweep: its analysis ($(1)), unless the sweep refused its input before starting anything

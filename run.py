@@ -105,7 +105,7 @@ def _decide(cfg: DictConfig, run_dir: Path, world_size: int) -> runs.Action | Co
     run; with resume=auto, a checkpoint that cannot continue this run: resume=true had it checked
     before the group started)."""
     try:
-        action = runs.decide(cfg, run_dir)
+        action = runs.decide(cfg, run_dir, world_size)
         if action is runs.Action.RESUME and cfg.resume is not True:
             checkpoint.check_resumable(run_dir, cfg, world_size)
         return action

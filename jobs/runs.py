@@ -22,7 +22,9 @@ stopped at; an interrupted run without one starts over); "rerun" moves the faile
 directory whose ``config.yaml`` (the resolved config written at the run's first start)
 differs from the run's config is refused with one line: keys that do not change results
 (``RUNTIME_KEYS``) are not compared, nor ``trainer.epochs`` when ``resume=true`` (extending
-a finished run is allowed).
+a finished run is allowed). How the workers are realized (``REALIZATION_KEYS``: W ranks, or W
+simulated learners in one process, which train bit for bit alike) is not compared either; the
+world size is, where both the record and the caller know it.
 
 When a sweep's job fails, the sweeper records how (:func:`record_failed_job`): the run's own
 summary if the job wrote one, else a summary saying that the job ended without one (killed, out
@@ -52,6 +54,11 @@ RUNTIME_KEYS = ("resume", "name", "runs_root", "logger", "trainer.progress",
                 "dataset.root", "dataset.download", "observe")
 LOST_JOB = "failed: the job ended without a summary"  # written by the sweeper (see above)
 INTERRUPTIONS = ("preempted", "failed: SystemExit", "failed: KeyboardInterrupt", LOST_JOB)
+# How a run's workers are realized, not what they compute: ``trainer.workers: W`` (W simulated
+# learners in one process) and W ranks (``trainer.workers: null``) train bit for bit alike
+# (tests/e2e/test_simulated.py), so a run may be continued either way; the world size is compared
+# instead (:func:`check_identity`, :func:`training.checkpoint.check_resumable`).
+REALIZATION_KEYS = ("trainer.workers",)
 
 
 class State(StrEnum):
@@ -105,11 +112,12 @@ def inspect(run_dir: Path) -> Inspection:
     return Inspection(state, status, epochs, has_checkpoint)
 
 
-def decide(cfg: Any, run_dir: Path) -> Action:
-    """What starting ``cfg`` in ``run_dir`` does (the table above); ConfigError if the directory
-    belongs to another config. (``resume=true`` without a checkpoint is refused earlier, by
+def decide(cfg: Any, run_dir: Path, world_size: int | None = None) -> Action:
+    """What starting ``cfg`` on ``world_size`` workers (None: not known) in ``run_dir`` does
+    (the table above); ConfigError if the directory belongs to another config or world size.
+    (``resume=true`` without a checkpoint is refused earlier, by
     :func:`training.config.validate`.)"""
-    check_identity(cfg, run_dir)
+    check_identity(cfg, run_dir, world_size)
     seen = inspect(run_dir)
     if cfg.resume is True:
         return Action.RESUME
@@ -142,18 +150,24 @@ def identity(cfg: Any, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
     """The resolved config without the keys that do not change results, flattened (a sweep's
     composed config also holds Hydra's own node, which is not the run's)."""
     flat = record.flatten(_resolved(cfg) if OmegaConf.is_config(cfg) else cfg)
-    skip = RUNTIME_KEYS + ignore
+    skip = RUNTIME_KEYS + REALIZATION_KEYS + ignore
     return {k: v for k, v in flat.items() if not any(k == s or k.startswith(s + ".")
                                                      for s in skip)}
 
 
-def check_identity(cfg: Any, run_dir: Path) -> None:
-    """ConfigError naming the first differing keys if ``run_dir`` holds another config's run."""
+def check_identity(cfg: Any, run_dir: Path, world_size: int | None = None) -> None:
+    """ConfigError naming the first differing keys if ``run_dir`` holds another config's run,
+    or the world sizes if it holds a run of other than ``world_size`` workers."""
     path = run_dir / IDENTITY
     if not path.is_file():
         return
     ignore = ("trainer.epochs",) if cfg.resume is True else ()
-    stored = identity(OmegaConf.to_container(OmegaConf.load(path)), ignore)
+    saved = OmegaConf.to_container(OmegaConf.load(path))
+    recorded = recorded_world_size(saved, run_dir)
+    if None not in (world_size, recorded) and world_size != recorded:
+        raise ConfigError(f"hydra.run.dir: {run_dir} holds a run of {recorded} workers, not "
+                          f"{world_size}; choose another runs_root or directory, or remove it")
+    stored = identity(saved, ignore)
     wanted = identity(cfg, ignore)
     differ = sorted(k for k in stored.keys() | wanted.keys() if stored.get(k) != wanted.get(k))
     if differ:
@@ -187,6 +201,18 @@ def record_failed_job(run_dir: Path, failure: str, stamp: tuple[int, int] | None
         record.write_summary(run_dir, {"status": status,
                                        "epochs_completed": _count_rows(run_dir / record.METRICS)})
     return status
+
+
+def recorded_world_size(saved: dict[str, Any], run_dir: Path) -> int | None:
+    """The world size of the run recorded in ``run_dir`` (``saved``: its config): its
+    simulated learners, else the world size of its last start (None if it never started, or
+    started before the record kept it)."""
+    workers = (saved.get("trainer") or {}).get("workers")
+    if workers is not None:
+        return int(workers)
+    starts = record.read_starts(run_dir)
+    size = starts[-1].get("world_size") if starts else None
+    return None if size is None else int(size)
 
 
 def _resolved(cfg: Any) -> dict[str, Any]:

@@ -124,8 +124,9 @@ class Plan:
 
     name: str
     scale: str | None
-    workers: int
+    workers: int                 # processes per run (ranks; 1 for simulated learners)
     jobs: list[Job] = field(default_factory=list)
+    parallel: int = 1            # runs launched at once
 
     def todo(self) -> list[Job]:
         """The runs a launch starts (all but the completed and the refused ones)."""
@@ -171,8 +172,9 @@ class Plan:
     def _device_time(self, flops: float) -> str:
         if self.scale == "tiny":
             minutes = flops / CPU_FLOPS / 60 + len(self.todo()) * START_S * self.workers / 60
-            return (f"{minutes:.0f} CPU core-minutes ({minutes / self.workers:.0f} min on "
-                    f"{self.workers} cores; {CPU_FLOPS / 1e9:.0f} GFLOP/s per core assumed)")
+            cores = self.workers * self.parallel
+            return (f"{minutes:.0f} CPU core-minutes ({minutes / cores:.0f} min on {cores} "
+                    f"cores; {CPU_FLOPS / 1e9:.0f} GFLOP/s per core assumed)")
         hours = flops / GPU_FLOPS / 3600
         return (f"{hours:.0f} GPU-hours ({hours / self.workers:.0f} h on {self.workers} GPUs, "
                 f"one run after another; {GPU_FLOPS / 1e12:.0f} TFLOP/s per GPU assumed)")
@@ -180,9 +182,10 @@ class Plan:
 
 def make_plan(name: str, scale: str | None, workers: int, job_overrides: list[list[str]],
               compose: Callable[[list[str]], DictConfig],
-              is_group: Callable[[str], bool] | None = None) -> Plan:
-    """Compose every run (:func:`compose_runs`) and find what launching it would do."""
-    plan = Plan(name, scale, workers)
+              is_group: Callable[[str], bool] | None = None, parallel: int = 1) -> Plan:
+    """Compose every run (:func:`compose_runs`) and find what launching it would do
+    (``workers``: processes per run, ``parallel``: runs at once)."""
+    plan = Plan(name, scale, workers, parallel=parallel)
     flops_cache: dict[str, float] = {}
     for num, (overrides, cfg) in enumerate(zip(job_overrides,
                                                compose_runs(job_overrides, compose, is_group),
@@ -192,7 +195,7 @@ def make_plan(name: str, scale: str | None, workers: int, job_overrides: list[li
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         job = Job(overrides, cfg, run_dir, None)
         try:
-            job.action = runs.decide(cfg, run_dir)
+            job.action = runs.decide(cfg, run_dir, int(cfg.trainer.get("workers") or workers))
         except ConfigError as exc:
             job.problem = str(exc)
         job.flops = run_flops(cfg, flops_cache)

@@ -82,7 +82,8 @@ def _rank_states(hook_state: WorkerState, progress: dict[str, Any] | None) -> li
     it all)."""
     if isinstance(hook_state, AllWorkers):  # the process's progress goes with worker 0's part
         per_rank = _to_cpu(hook_state.rank_states())
-        per_rank[0]["progress"] = _to_cpu(progress)
+        for w, part in enumerate(per_rank):  # laid out as ranks' parts
+            part["progress"] = _to_cpu(progress) if w == 0 else None
         return per_rank
     mine = {"rng": rng.capture(cuda=True), "compressor": _to_cpu(hook_state.state_dict()),
             "progress": _to_cpu(progress)}
@@ -92,8 +93,9 @@ def _rank_states(hook_state: WorkerState, progress: dict[str, Any] | None) -> li
 
 
 # Config keys that do not change a run's results: a resumed run may differ from its checkpoint
-# in these (a key names itself and everything under it), and may run more epochs.
-RESULT_NEUTRAL = (*runs.RUNTIME_KEYS, "trainer.epochs")
+# in these (a key names itself and everything under it), and may run more epochs. How the
+# workers are realized is one of them (the world size is compared on its own).
+RESULT_NEUTRAL = (*runs.RUNTIME_KEYS, *runs.REALIZATION_KEYS, "trainer.epochs")
 KEYS = ("epoch", "elapsed_s", "world_size", "model", "optimizer", "scheduler", "per_rank", "config")
 # 1: epoch-end checkpoints only (no "format" key); 2: "step" > 0 marks a mid-epoch checkpoint,
 # whose per-rank parts hold each rank's "progress" (training/progress.py).
@@ -121,6 +123,7 @@ def check_resumable(run_dir: Path, cfg: Any, world_size: int) -> int:
     if ckpt["world_size"] != world_size:
         raise ConfigError(f"resume: {path} was written by {ckpt['world_size']} ranks; resume it "
                           f"with the same number, not {world_size}")
+    _check_realization(path, ckpt, cfg)
     differ = config_difference(ckpt["config"], OmegaConf.to_container(cfg, resolve=True))
     if differ is not None:
         raise ConfigError(f"resume: {differ}: {path} is another config's run; resume with its "
@@ -131,6 +134,20 @@ def check_resumable(run_dir: Path, cfg: Any, world_size: int) -> int:
         raise ConfigError(f"resume: {run_dir / record.METRICS} holds {rows} complete epochs but "
                           f"{path} continues from epoch {epoch}; the record has lost epochs")
     return epoch
+
+
+def _check_realization(path: Path, ckpt: dict[str, Any], cfg: Any) -> None:
+    """ConfigError if a checkpoint written mid-epoch by ranks is to be continued by simulated
+    learners, or the other way round: their progress through the epoch is kept per process
+    (:mod:`training.progress`). Epoch-end checkpoints continue either way."""
+    saved = (ckpt["config"].get("trainer") or {}).get("workers")
+    wanted = cfg.trainer.get("workers")
+    if int(ckpt.get("step", 0)) == 0 or (saved is None) == (wanted is None):
+        return
+    how = (f"{saved} simulated learners (launcher=simulated trainer.workers={saved})"
+           if saved is not None else f"{ckpt['world_size']} ranks (trainer.workers=null)")
+    raise ConfigError(f"resume: {path} stopped mid-epoch and was written by {how}; continue it "
+                      f"the same way")
 
 
 def config_difference(saved: dict[str, Any], current: dict[str, Any],

@@ -1,4 +1,5 @@
-"""``hydra/launcher: ddp``: run a sweep's jobs one after another, each a multi-process DDP job.
+"""``hydra/launcher: ddp``: run a sweep's jobs, each a multi-process DDP job, one after another or
+``parallel`` at a time.
 
 Hydra's basic launcher calls the task function inside the sweeping process, which cannot start
 ``torch.distributed`` ranks. This launcher starts each job as its own process tree instead:
@@ -12,6 +13,12 @@ does not stop the sweep, and its status comes back to the sweeper as a failed ``
 (``exit status 2``, ``killed by SIGKILL``).
 A job of one rank is ``python run.py <overrides>`` (a world-size-1 group, the same training
 code), which spares torchrun's agent: about 4 s of start-up a job.
+
+``parallel: N`` keeps N jobs running at once, each its own process tree, starting the next in
+the sweep's order as one ends; their output interleaves on the console (each run's own log is
+its directory's ``run.log``). Statuses come back in the sweep's order, as one after another.
+It is meant for jobs of one process each (simulated learners: ``launcher=simulated``), N of
+them on N cores.
 """
 
 # No `from __future__ import annotations`: Hydra loads plugin modules without registering them in
@@ -21,6 +28,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,7 @@ _SWEEP_ONLY = ("hydra.mode", "hydra.sweep", "hydra.sweeper", "hydra/sweeper", "h
 class DDPLauncherConf:
     _target_: str = "hydra_plugins.accordion_bench.launcher.DDPLauncher"
     nproc_per_node: int = 1   # ranks per job (make WORKERS=...)
+    parallel: int = 1         # jobs running at once (make PARALLEL=...)
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="ddp", node=DDPLauncherConf,
@@ -49,8 +58,8 @@ ConfigStore.instance().store(group="hydra/launcher", name="ddp", node=DDPLaunche
 class DDPLauncher(Launcher):
     """Each job: ``torchrun --standalone --nproc-per-node N <script> <overrides>``."""
 
-    def __init__(self, nproc_per_node: int = 1) -> None:
-        self.nproc_per_node = int(nproc_per_node)
+    def __init__(self, nproc_per_node: int = 1, parallel: int = 1) -> None:
+        self.nproc_per_node, self.parallel = int(nproc_per_node), int(parallel)
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
 
@@ -63,13 +72,21 @@ class DDPLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         hydra_overrides = [o for o in self.config.hydra.overrides.hydra
                            if not o.startswith(_SWEEP_ONLY)]
-        returns = []
+        jobs = []
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             cfg, job_dir = job_config(self.hydra_context, self.config, overrides, idx)
+            jobs.append((idx, overrides, cfg, job_dir))
+
+        def run(job: tuple[int, Sequence[str], DictConfig, Path]) -> JobReturn:
+            idx, overrides, cfg, job_dir = job
             LOG.info("#%d: %s -> %s", idx, " ".join(filter_overrides(overrides)), job_dir)
             code = self.run_job([*overrides, *hydra_overrides, f"hydra.run.dir={job_dir}"])
-            returns.append(job_return(overrides, cfg, job_dir, exit_failure(code)))
-        return returns
+            return job_return(overrides, cfg, job_dir, exit_failure(code))
+
+        if self.parallel <= 1:
+            return [run(job) for job in jobs]
+        with ThreadPoolExecutor(max_workers=self.parallel) as pool:  # each thread waits on a job
+            return list(pool.map(run, jobs))
 
     def run_job(self, overrides: list[str]) -> int:
         """Run one job to its end; its exit status."""

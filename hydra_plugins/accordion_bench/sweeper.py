@@ -79,9 +79,11 @@ class RunsSweeper(Sweeper):
             return loader.load_sweep_config(cfg, overrides)
 
         try:
+            _check_launcher(cfg)
             jobs = sweeps.expand(self.groups, self.params, arguments, cfg.get("scale"))
             plan = sweeps.make_plan(str(cfg.get("sweep")), cfg.get("scale"), _workers(cfg), jobs,
-                                    compose, loader.repository.group_exists)
+                                    compose, loader.repository.group_exists,
+                                    parallel=int(cfg.hydra.launcher.get("parallel") or 1))
             print(plan.describe(), flush=True)
             if self.show:  # diff: against `python run.py` without overrides
                 defaults = loader.load_configuration(cfg.hydra.job.config_name, [], RunMode.RUN)
@@ -122,6 +124,15 @@ def _record_failure(ret: JobReturn, root: Path, stamps: dict[str, Any]) -> str:
                                     stamps.get(str(run_dir)))
     shown = run_dir.relative_to(root) if run_dir.is_relative_to(root) else run_dir
     return f"{shown} ({status})"
+
+
+def _check_launcher(cfg: DictConfig) -> None:
+    """ConfigError naming the field if the ddp launcher's counts are not integers >= 1."""
+    from core.errors import check_int
+
+    for key in ("nproc_per_node", "parallel"):
+        if key in cfg.hydra.launcher:
+            check_int(cfg.hydra.launcher[key], f"hydra.launcher.{key}", 1)
 
 
 def _workers(cfg: DictConfig) -> int:

@@ -12,6 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from core import record
 from core.errors import ConfigError
 from jobs import runs, sweeps
 from tests.conftest import CONF, ROOT
@@ -408,6 +409,26 @@ def test_a_directory_of_another_config_is_refused(tmp_path, run_cfg):
         runs.decide(longer, tmp_path)
     longer.resume = True
     assert runs.decide(longer, tmp_path) is runs.Action.RESUME
+
+
+def test_ranks_and_simulated_learners_are_one_run_of_one_world_size(tmp_path, run_cfg):
+    # W ranks (trainer.workers null) and W simulated learners train bit for bit alike: either
+    # may continue or skip the other's run; the world size is compared instead.
+    write_record(tmp_path, run_cfg, "completed")
+    record.record_start(tmp_path, {"world_size": 2}, 0, fresh=True)  # as run.py records it
+    learners = run_cfg.copy()
+    learners.trainer.workers = 2
+    assert runs.decide(learners, tmp_path, world_size=2) is runs.Action.SKIP
+    assert runs.decide(run_cfg, tmp_path, world_size=2) is runs.Action.SKIP
+    assert runs.decide(run_cfg, tmp_path) is runs.Action.SKIP  # the world size not known
+    with pytest.raises(ConfigError, match=r"^hydra\.run\.dir: .* holds a run of 2 workers, not "
+                                          r"4; choose another runs_root"):
+        runs.decide(run_cfg, tmp_path, world_size=4)
+    # learners recorded: their count, whatever the starts say
+    write_record(tmp_path, learners, "completed")
+    assert runs.recorded_world_size(OmegaConf.to_container(learners), tmp_path) == 2
+    with pytest.raises(ConfigError, match="holds a run of 2 workers, not 8"):
+        runs.decide(run_cfg, tmp_path, world_size=8)
 
 
 def test_prepare_writes_the_resolved_config(tmp_path, run_cfg):
