@@ -47,7 +47,7 @@ SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
-	bench-e2e bench-numerics bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
+	bench-e2e bench-numerics bench-tiny-speed bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
 	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines slurm-up slurm-down test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
@@ -58,7 +58,7 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
 
-demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 CPU ranks each -> results/demo/ (its table printed); then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
+demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 simulated learners each, two runs at a time -> results/demo/ (its table printed); then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
 	@$(MAKE) --no-print-directory reproduce-table1 SCALE=tiny SEEDS=0 ONLY=model=resnet18 \
 		OUT=results/demo VENV_STAMP=$(VENV_STAMP); status=$$?; \
 	$(MAKE) --no-print-directory scorecard SWEEP=table1 SCALE=tiny VENV_STAMP=$(VENV_STAMP); \
@@ -142,6 +142,9 @@ bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8
 
 bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 run side by side [ARGS="--repeats 2 --epochs 16"] -> results/bench/numerics.{csv,md}
 	$(PY) -m benchmarks.numerics $(ARGS)
+
+bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}
+	$(PY) -m benchmarks.tiny_speed $(ARGS)
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}
 	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE)) $(if $(DEVICE),--device $(DEVICE))

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import read_rows
-from tests.test_faults_e2e import same_rows
-from tests.test_sweep_launch import METHODS, finish, run_dirs, summary, sweep
+from tests.conftest import read_rows, same_rows
+from tests.e2e.test_sweep_launch import METHODS, finish, run_dirs, summary, sweep
 
 pytestmark = pytest.mark.slow
 FAST = ["launcher=simulated", "trainer.workers=2", "hydra.launcher.parallel=2"]
