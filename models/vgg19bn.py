@@ -10,6 +10,8 @@ MLSys 2021), which used two heads:
 * ``classifier="cifar100"``: the same with 4096 hidden units and a dropout before the last layer
   (39,327,652 parameters for 100 classes).
 
+Every dropout drops with probability ``dropout`` (0.5, as in the authors' code).
+
 Convolutions keep their bias and get He-normal initialisation (fan-out), as in the authors' code.
 ``width`` scales every convolution and the head by ``width / 64`` (64 = the paper's network;
 tiny-scale runs use a narrow one).
@@ -20,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.errors import check_choice, check_int
+from core.errors import check_choice, check_int, check_number
 from models import check_io, register
 
 INPUT = {"kind": "image", "shape": (3, 32, 32)}
@@ -58,16 +60,16 @@ class VGG19BN(nn.Module):
     """VGG-19-BN trunk plus a three-layer fully connected head of width ``hidden``."""
 
     def __init__(self, num_classes: int = 10, hidden: int = 512, in_channels: int = 3,
-                 final_dropout: bool = False, width: int = 64) -> None:
+                 final_dropout: bool = False, width: int = 64, dropout: float = 0.5) -> None:
         super().__init__()
         self.features = _features(in_channels, width)
         hidden = _scaled(hidden, width)
         head: list[nn.Module] = [
-            nn.Dropout(), nn.Linear(_scaled(512, width), hidden), nn.ReLU(inplace=True),
-            nn.Dropout(), nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
+            nn.Dropout(dropout), nn.Linear(_scaled(512, width), hidden), nn.ReLU(inplace=True),
+            nn.Dropout(dropout), nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
         ]
         if final_dropout:
-            head.append(nn.Dropout())
+            head.append(nn.Dropout(dropout))
         head.append(nn.Linear(hidden, num_classes))
         self.classifier = nn.Sequential(*head)
         for m in self.features.modules():
@@ -81,10 +83,11 @@ class VGG19BN(nn.Module):
 
 @register("vgg19bn")
 def vgg19bn(num_classes: int = 10, classifier: str = "cifar10", in_channels: int = 3,
-            width: int = 64) -> nn.Module:
+            width: int = 64, dropout: float = 0.5) -> nn.Module:
     """VGG-19-BN for CIFAR; ``classifier`` picks the authors' "cifar10" or "cifar100" head."""
     check_io(num_classes, in_channels)
     check_choice(classifier, "model.classifier", tuple(sorted(_HIDDEN)))
     check_int(width, "model.width", 1)
+    check_number(dropout, "model.dropout", 0, 1, high_open=True)
     return VGG19BN(num_classes=num_classes, hidden=_HIDDEN[classifier], in_channels=in_channels,
-                   final_dropout=classifier == "cifar100", width=width)
+                   final_dropout=classifier == "cifar100", width=width, dropout=dropout)

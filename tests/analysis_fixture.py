@@ -1,8 +1,8 @@
 """Real run records for the analysis tests: ten tiny runs of `run.py`, trained once.
 
 One `python run.py -m` sweep over a config group written here (the suite's `ddp` launcher: one
-`run.py` process per run, as `make reproduce-*` runs them); each option is one run, with the run
-identity of docs/run-record.md:
+`run.py` process per run, two at a time, as `make reproduce-*` runs tiny sweeps); each option is
+one run, with the run identity of docs/run-record.md:
 
 - ``table1``: PowerSGD rank 2 (the baseline), rank 1 and Accordion 2 <-> 1 (interval 1: epochs
   0-1 critical, epoch 2 decided by the norms), seeds 0 and 1; seed 0 with an offline W&B run;
@@ -83,7 +83,8 @@ def train_fixture_runs(root: Path) -> Path:
             (conf / f"{options[-1]}.yaml").write_text(spec.option(seed))
     runs = root / "runs"
     proc = run_cli(["-m", f"hydra.searchpath=[file://{root / 'conf'}]",
-                    f"+{GROUP}={','.join(options)}", *COMMON, f"hydra.sweep.dir={runs}"],
+                    f"+{GROUP}={','.join(options)}", *COMMON, f"hydra.sweep.dir={runs}",
+                    "hydra.launcher.parallel=2"],
                    env={"WANDB_MODE": "offline"})
     assert_ok(proc)
     return runs

@@ -1,13 +1,16 @@
 """The submitit launchers' task start (hydra_plugins/accordion_bench/task.py) on a real submitit
 job: a preemption warning that reaches a task while it starts is held for the run, not acted on
-by submitit's handler (which would requeue rank 0 alone) or by the signal's default action."""
+by submitit's handler (which would requeue rank 0 alone) or by the signal's default action; one
+that comes after the run ended requeues nothing."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import submitit
@@ -30,21 +33,30 @@ def _start_late(ready: str, go: str) -> list[int]:
     return [held]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGUSR1])
-def test_a_signal_while_the_task_starts_is_held_for_the_run(tmp_path, signum):
+def signalled_job(tmp_path: Path, function: Callable[[str, str], Any], signum: int
+                  ) -> submitit.Job:
+    """A local submitit job of ``function(ready, go)`` through the suite's task, sent ``signum``
+    once it wrote its pid to ``ready``; ``go`` lets it on half a second later (time for a
+    handler to act)."""
     executor = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="local",
                                      local_python=jobs.TASK)
     executor.update_parameters(timeout_min=5, tasks_per_node=1)
     ready, go = tmp_path / "ready", tmp_path / "go"
-    job = executor.submit(_start_late, str(ready), str(go))
+    job = executor.submit(function, str(ready), str(go))
     deadline = time.monotonic() + 120
     while not ready.exists():
         assert not job.done() and time.monotonic() < deadline, job.stderr()
         time.sleep(0.05)
     time.sleep(0.1)  # the pid written
     os.kill(int(ready.read_text()), signum)
-    time.sleep(0.5)  # time for a handler to act, were the signal not held
+    time.sleep(0.5)
     go.touch()
+    return job
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGUSR1])
+def test_a_signal_while_the_task_starts_is_held_for_the_run(tmp_path, signum):
+    job = signalled_job(tmp_path, _start_late, signum)
     assert job.result() == [signum], job.stderr()
     assert "Requeued" not in (job.stdout() or "")
 
@@ -67,19 +79,7 @@ def test_a_late_warning_after_the_run_ended_requeues_nothing(tmp_path):
     # Slurm checks time limits every 30 s or so: the warning for a short attempt can come after
     # the run completed. Submitit's handler would requeue the finished job (a real Slurm test saw
     # it kill a task as the interpreter exited instead: "User defined signal 2").
-    executor = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="local",
-                                     local_python=jobs.TASK)
-    executor.update_parameters(timeout_min=5, tasks_per_node=1)
-    ready, go = tmp_path / "ready", tmp_path / "go"
-    job = executor.submit(_end_then_wait, str(ready), str(go))
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert not job.done() and time.monotonic() < deadline, job.stderr()
-        time.sleep(0.05)
-    time.sleep(0.1)  # the pid written
-    os.kill(int(ready.read_text()), signal.SIGUSR2)
-    time.sleep(0.5)  # time for a handler to act, were the signal not ignored
-    go.touch()
+    job = signalled_job(tmp_path, _end_then_wait, signal.SIGUSR2)
     assert job.result() == "done", job.stderr()
     assert "Caught signal" not in (job.stdout() or ""), job.stdout()
 

@@ -130,6 +130,16 @@ def test_vgg_unknown_classifier() -> None:
         models.build("vgg19bn", num_classes=10, classifier="imagenet")
 
 
+def test_vgg_dropout() -> None:
+    # The authors' 0.5 by default; any probability in [0, 1), one line naming the field else.
+    assert {m.p for m in models.build("vgg19bn", num_classes=10).modules()
+            if isinstance(m, nn.Dropout)} == {0.5}
+    none = models.build("vgg19bn", num_classes=100, classifier="cifar100", dropout=0.0)
+    assert [m.p for m in none.modules() if isinstance(m, nn.Dropout)] == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match=r"model\.dropout: expected a number in \[0, 1\)"):
+        models.build("vgg19bn", num_classes=10, dropout=1.0)
+
+
 def test_vgg_heads() -> None:
     small = models.build("vgg19bn", num_classes=10)
     big = models.build("vgg19bn", num_classes=100, classifier="cifar100")
