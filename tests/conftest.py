@@ -121,7 +121,19 @@ def _close_figures() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def analysis_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The runs dir of :mod:`tests.analysis_fixture` (read-only: copy it to change it)."""
+    """The runs dir of :mod:`tests.analysis_fixture` (read-only: copy it to change it), trained
+    once per pytest run: under pytest-xdist (make test), the first worker to ask trains it in
+    the workers' shared temporary folder while the others wait on a lock, then all read it."""
+    from filelock import FileLock
+
     from tests.analysis_fixture import train_fixture_runs
 
-    return train_fixture_runs(tmp_path_factory.mktemp("analysis"))
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return train_fixture_runs(tmp_path_factory.mktemp("analysis"))
+    shared = tmp_path_factory.getbasetemp().parent  # the same folder for every worker
+    trained = shared / "analysis_runs"  # holds the path of the runs dir, once trained
+    with FileLock(str(shared / "analysis_runs.lock")):
+        if not trained.exists():
+            runs = train_fixture_runs(tmp_path_factory.mktemp("analysis"))
+            trained.write_text(str(runs))
+    return Path(trained.read_text())
