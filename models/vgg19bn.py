@@ -10,7 +10,8 @@ MLSys 2021), which used two heads:
 * ``classifier="cifar100"``: the same with 4096 hidden units and a dropout before the last layer
   (39,327,652 parameters for 100 classes).
 
-Every dropout drops with probability ``dropout`` (0.5, as in the authors' code).
+Every dropout drops with probability ``dropout`` (0.5, as in the authors' code; 0 at tiny scale:
+conf/size/tiny/vgg19bn.yaml).
 
 Convolutions keep their bias and get He-normal initialisation (fan-out), as in the authors' code.
 ``width`` scales every convolution and the head by ``width / 64`` (64 = the paper's network;
