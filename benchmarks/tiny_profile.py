@@ -61,7 +61,7 @@ def run_job(way: str, compressor: str, epochs: int, logger: str, tmp: Path) -> d
                  f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
            "PROFILE_OUT": str(out)}
-    load_before, cpu_before = os.getloadavg()[0], _children_cpu()
+    load_before, cpu_before = os.getloadavg()[0], children_cpu()
     env["PROFILE_T0"] = repr(time.time())
     started = time.perf_counter()
     proc = subprocess.run(command(way, overrides), capture_output=True, text=True, env=env,
@@ -72,7 +72,7 @@ def run_job(way: str, compressor: str, epochs: int, logger: str, tmp: Path) -> d
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"way": way, "compressor": compressor, "epochs": epochs, "wall_s": wall,
-            "cpu_s": _children_cpu() - cpu_before, "load_before": load_before,
+            "cpu_s": children_cpu() - cpu_before, "load_before": load_before,
             "load_after": os.getloadavg()[0], "final": summary["final"],
             "compress_s": sum(r["time/compress_s"] for r in rows),
             "metrics": [{k: v for k, v in r.items() if k not in TIMING} for r in rows],
@@ -81,7 +81,7 @@ def run_job(way: str, compressor: str, epochs: int, logger: str, tmp: Path) -> d
             "provenance": summary["provenance"]}
 
 
-def _children_cpu() -> float:
+def children_cpu() -> float:
     """CPU seconds of every finished child process (and theirs) so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime

@@ -20,7 +20,6 @@ import argparse
 import csv
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.smoke_gpu import TIMING  # the metrics that differ between equal runs
+from benchmarks.tiny_profile import children_cpu
 
 OUT = Path("results/bench")
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,14 +73,12 @@ def run_sweep(way: str, launch: list[str], args: argparse.Namespace, root: Path
     if args.epochs is not None:
         cmd.append(f"trainer.epochs={args.epochs}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_before = usage.ru_utime + usage.ru_stime
+    cpu_before = children_cpu()
     started = time.perf_counter()
     with LoadSampler() as load:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env,
                               check=False)
     wall = time.perf_counter() - started
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"{way} sweep failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}")
@@ -93,7 +91,7 @@ def run_sweep(way: str, launch: list[str], args: argparse.Namespace, root: Path
         made.add((prov["fingerprint"], prov["git"]["commit"][:10] +
                   (" (dirty)" if prov["git"]["dirty"] else "")))
     return {"way": way, "runs": len(records), "wall_s": wall,
-            "cpu_s": usage.ru_utime + usage.ru_stime - cpu_before,
+            "cpu_s": children_cpu() - cpu_before,
             "load_before": load.samples[0], "load_mean": statistics.mean(load.samples),
             "load_max": max(load.samples), "load_after": load.samples[-1],
             "made_by": "; ".join(f"machine {f}, commit {c}" for f, c in sorted(made)),
