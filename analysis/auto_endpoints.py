@@ -16,6 +16,8 @@ and method, writes to ``--out``:
   fixed level of the case: the metric difference and its interval, the data ratio, and whether
   the automatic run "reaches the hand-picked metric within its seed spread (one std) at no more
   bits", "does better" (its interval entirely on the good side), or neither;
+- ``goal.{md,csv}``: issue 30's goal checked per automatic method and hand-picked pair
+  (:func:`goal_table`) and a line counting the checks met; ``goal_summary.md`` the same per case;
 - ``metric_vs_bits.png``: the final metric against the data sent, one panel per case, every
   method with its 95% intervals on both axes, the automatic runs beside the hand-picked ones;
 - ``measurements.png``: per case, the lowest seed's automatic run: for levels, the harm h of
@@ -46,10 +48,10 @@ from matplotlib.patches import Patch
 from scipy import stats as scipy_stats  # scikit-learn's dependency
 
 import compression
-from analysis import style
+from analysis import provenance, style
 from analysis.claims import load_sweep
 from analysis.load import Frames, layer_columns
-from analysis.tables import markdown, run_stats
+from analysis.tables import machine_legend, markdown, run_stats
 from analysis.whatif import load_run
 from core.errors import ConfigError
 from core.lr import lr_at
@@ -71,6 +73,10 @@ CASES = {  # (benchmark, model, compressor) -> the paper setting it stands for
     ("cifar100", "vgg19bn", "powersgd"): "Fig. 9: VGG-19bn, PowerSGD",
     ("cifar10", "resnet18", "none"): "Fig. 10: ResNet-18, batch size",
 }
+# The hand-picked pairs the paper itself finds too aggressive: Fig. 9 (VGG-19bn, Accordion with
+# PowerSGD rank 4 <-> 1 ends below 4 <-> 2) and Fig. 10 (ResNet-18, batch 512 <-> 16384 ends
+# below 512 <-> 4096); issue 30 asks the automatic choice to do better than these.
+AGGRESSIVE = ("accordion_rank4_rank1", "accordion_batch512_batch16384")
 KINDS = ("fixed", "hand-picked", "auto")
 MARKERS = {"fixed": "o", "hand-picked": "s", "auto": "*"}
 KIND_NAMES = {"fixed": "a fixed level", "hand-picked": "Accordion, hand-picked endpoints",
@@ -114,7 +120,9 @@ def per_run(frames: Frames) -> pd.DataFrame:
     probe = (frames.epochs.groupby("run_id")[f"auto/probe_bits/{MODEL}"].sum()
              if f"auto/probe_bits/{MODEL}" in frames.epochs else pd.Series(dtype=float))
     cases = pd.Series(case_of(frames.runs).to_numpy(), index=frames.runs["run_id"])
-    out = stats[["run_id", "method", "seed", "metric", "final", "bits"]].copy()
+    keep = ["run_id", "method", "seed", "metric", "final", "bits",
+            *(c for c in provenance.COLUMNS if c in stats)]
+    out = stats[keep].copy()
     out["bits"] = out["bits"] + out["run_id"].map(probe).fillna(0.0)
     out["case"] = out["run_id"].map(cases)
     out["kind"] = out["method"].map(kind)
@@ -131,7 +139,7 @@ def group_table(runs: pd.DataFrame) -> pd.DataFrame:
         rows.append({"case": case, "method": method, "kind": kind(method),
                      "metric": group["metric"].iloc[0], "seeds": final[3],
                      "final_mean": final[0], "final_std": final[1], "final_ci": final[2],
-                     "bits_mean": bits[0], "bits_ci": bits[2]})
+                     "bits_mean": bits[0], "bits_ci": bits[2], **provenance.cell(group)})
     table = pd.DataFrame(rows)
     if table.empty:
         return table
@@ -176,7 +184,26 @@ def verdict_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
             rows.append({"case": auto["case"], "auto": auto["method"],
                          "against": other["method"], "against_kind": other["kind"],
                          "diff": diff, "diff_ci": half, "spread": spread, "bits_ratio": ratio,
-                         "verdict": call})
+                         "reaches": bool(reaches), "verdict": call})
+    return pd.DataFrame(rows)
+
+
+def goal_table(verdict: pd.DataFrame) -> pd.DataFrame:
+    """Issue 30's goal, one row per automatic method and hand-picked pair of its case: against
+    a pair the paper finds too aggressive (:data:`AGGRESSIVE`) the automatic run must do
+    better (``verdict`` "better": the difference's 95% interval on the good side of 0), against
+    the others reach its metric within its seed spread at no more bits."""
+    hand = verdict[verdict["against_kind"] == "hand-picked"] if not verdict.empty else verdict
+    rows = []
+    for _, row in hand.iterrows():
+        aggressive = row["against"] in AGGRESSIVE
+        met = row["verdict"] == "better" if aggressive else \
+            bool(row["reaches"]) and row["bits_ratio"] <= 1
+        rows.append({"case": row["case"], "auto": row["auto"], "against": row["against"],
+                     "goal": "better than a too-aggressive pair" if aggressive else
+                     "its metric within its seed spread, at no more bits",
+                     "met": bool(met), "diff": row["diff"], "diff_ci": row["diff_ci"],
+                     "spread": row["spread"], "bits_ratio": row["bits_ratio"]})
     return pd.DataFrame(rows)
 
 
@@ -343,7 +370,17 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         "Mbit sent (95% CI)": [pm(m / 1e6, h / 1e6, 1) for m, h in
                                zip(table["bits_mean"], table["bits_ci"], strict=True)],
         "bits vs hand-picked": [f"{x:.2f}" if not math.isnan(x) else "—"
-                                for x in table["bits_vs_hand"]]})
+                                for x in table["bits_vs_hand"]],
+        "machines": table["fingerprints"], "commits": table["commits"]})
+
+
+def _diff_cells(frame: pd.DataFrame) -> dict[str, list[str]]:
+    """The difference, spread and bits-ratio cells shared by ``verdict.md`` and ``goal.md``."""
+    return {"metric diff (95% CI)": [f"{d:+.2f}" + ("" if math.isnan(h) else f" ± {h:.2f}")
+                                     for d, h in zip(frame["diff"], frame["diff_ci"],
+                                                     strict=True)],
+            "its seed spread": [f"{s:.2f}" for s in frame["spread"]],
+            "bits ratio": [f"{r:.2f}" for r in frame["bits_ratio"]]}
 
 
 def display_verdict(verdict: pd.DataFrame) -> pd.DataFrame:
@@ -351,12 +388,32 @@ def display_verdict(verdict: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "case": verdict["case"], "auto": verdict["auto"],
         "against": verdict["against"] + " (" + verdict["against_kind"] + ")",
-        "metric diff (95% CI)": [f"{d:+.2f}" + ("" if math.isnan(h) else f" ± {h:.2f}")
-                                 for d, h in zip(verdict["diff"], verdict["diff_ci"],
-                                                 strict=True)],
-        "its seed spread": [f"{s:.2f}" for s in verdict["spread"]],
-        "bits ratio": [f"{r:.2f}" for r in verdict["bits_ratio"]],
-        "verdict": verdict["verdict"]})
+        **_diff_cells(verdict), "verdict": verdict["verdict"]})
+
+
+def goal_text(goal: pd.DataFrame) -> str:
+    """``goal.md``: the table of :func:`goal_table` and a line counting the checks met."""
+    if goal.empty:
+        return "(none)\n"
+    shown = pd.DataFrame({"case": goal["case"], "auto": goal["auto"],
+                          "against": goal["against"], "goal": goal["goal"], **_diff_cells(goal),
+                          "met": ["yes" if m else "no" for m in goal["met"]]})
+    return (markdown(shown) + f"\nThe goal is met in {int(goal['met'].sum())} of {len(goal)} "
+            "checks (95% Welch intervals over seeds; seed spread: the hand-picked pair's "
+            "standard deviation).\n")
+
+
+def goal_summary(goal: pd.DataFrame) -> str:
+    """``goal_summary.md``: per case, the checks of :func:`goal_table` met, and those missed."""
+    if goal.empty:
+        return "(none)\n"
+    rows = []
+    for case, checks in goal.groupby("case", sort=False):
+        missed = checks[~checks["met"]]
+        rows.append({"case": case, "met": f"{int(checks['met'].sum())} of {len(checks)}",
+                     "missed": "; ".join(f"{r['auto']} vs {r['against']}"
+                                         for _, r in missed.iterrows()) or "—"})
+    return markdown(pd.DataFrame(rows))
 
 
 def write(frames: Frames, out: Path) -> list[Path]:
@@ -365,13 +422,17 @@ def write(frames: Frames, out: Path) -> list[Path]:
     runs = per_run(frames)
     table = group_table(runs)
     verdict = verdict_table(runs, table)
+    goal = goal_table(verdict)
+    texts = {"table": markdown(display(table)) + "\n" + machine_legend(table) + "\n",
+             "verdict": markdown(display_verdict(verdict)) if not verdict.empty else "(none)\n",
+             "goal": goal_text(goal), "goal_summary": goal_summary(goal)}
     written = []
-    for name, numbers, shown in (("table", table, display(table)),
-                                 ("verdict", verdict, display_verdict(verdict)
-                                  if not verdict.empty else verdict)):
+    for name, numbers in (("table", table), ("verdict", verdict), ("goal", goal)):
         numbers.to_csv(out / f"{name}.csv", index=False)
-        (out / f"{name}.md").write_text(markdown(shown) if not shown.empty else "(none)\n")
+        (out / f"{name}.md").write_text(texts[name])
         written += [out / f"{name}.csv", out / f"{name}.md"]
+    (out / "goal_summary.md").write_text(texts["goal_summary"])
+    written.append(out / "goal_summary.md")
     frames.problems.to_csv(out / "skipped.csv", index=False)
     written.append(out / "skipped.csv")
     figures = [("metric_vs_bits", plot_metric_vs_bits(table)),

@@ -7,9 +7,10 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from analysis import auto_endpoints
+from analysis import auto_endpoints, provenance
 from analysis.claims import load_sweep
 from tests.conftest import assert_ok, run_cli
 from tests.figure_checks import problems
@@ -77,9 +78,22 @@ def test_table_verdict_and_figures(runs, tmp_path):
     frames = load_sweep(runs, "auto_endpoints", "tiny", keep=auto_endpoints.KEPT)
     written = auto_endpoints.write(frames, tmp_path)
     names = {p.name for p in written}
-    assert {"table.md", "table.csv", "verdict.md", "verdict.csv", "skipped.csv",
-            "metric_vs_bits.png", "measurements.png"} <= names
+    assert {"table.md", "table.csv", "verdict.md", "verdict.csv", "goal.md", "goal.csv",
+            "goal_summary.md",
+            "skipped.csv", "metric_vs_bits.png", "measurements.png"} <= names
     table = auto_endpoints.group_table(auto_endpoints.per_run(frames)).set_index("method")
+    summary = json.loads((hand[("auto_rank", 0)]["dir"] / "summary.json").read_text())
+    made_by = summary["provenance"]  # every row names the machine and commit of its runs
+    assert set(table["fingerprints"]) == {made_by["fingerprint"]}
+    git = made_by["git"]
+    assert set(table["commits"]) == {provenance.code(git["commit"], git["dirty"],
+                                                     git["diff_sha256"])}
+    assert made_by["fingerprint"] in (tmp_path / "table.md").read_text()
+    goal = (tmp_path / "goal.md").read_text()  # one hand-picked pair, auto_rank against it
+    assert goal.count("| auto_rank |") == 1 and goal.endswith(" checks (95% Welch intervals "
+                                                              "over seeds; seed spread: the "
+                                                              "hand-picked pair's standard "
+                                                              "deviation).\n")
     assert set(table["case"]) == {"Table 1: ResNet-18, PowerSGD",
                                   "Fig. 10: ResNet-18, batch size"}
     auto = table.loc["auto_rank"]
@@ -108,6 +122,33 @@ def test_table_verdict_and_figures(runs, tmp_path):
     # the batch case: one seed, no interval; the auto run chose a B_high it logged
     assert table.loc["auto_batch", "seeds"] == 1 and math.isnan(table.loc["auto_batch",
                                                                           "final_ci"])
+
+
+def test_goal_asks_more_of_the_auto_run_against_a_too_aggressive_pair():
+    """Against the paper's too-aggressive pairs only 'better' meets the goal; against the
+    others reaching the metric within the spread at no more bits does, whatever the call."""
+    rows = [  # against, diff, spread, bits ratio, reaches, verdict, met
+        ("accordion_rank4_rank1", 3.0, 1.0, 1.5, True, "better", True),
+        ("accordion_rank4_rank1", 0.5, 1.0, 0.8, True, "reaches it at no more bits", False),
+        ("accordion_rank4_rank2", -0.5, 1.0, 0.9, True, "reaches it at no more bits", True),
+        ("accordion_rank4_rank2", 2.0, 1.0, 1.2, True, "better", False),
+        ("accordion_rank4_rank2", -2.0, 1.0, 0.5, False, "worse", False),
+        ("rank4", 9.0, 1.0, 0.5, True, "better", None),  # a fixed level: not a goal
+    ]
+    verdict = pd.DataFrame([{"case": "Fig. 9: VGG-19bn, PowerSGD", "auto": "auto_rank",
+                             "against": a, "against_kind": "fixed" if met is None else
+                             "hand-picked", "diff": d, "diff_ci": 1.0, "spread": s,
+                             "bits_ratio": r, "reaches": reach, "verdict": v}
+                            for a, d, s, r, reach, v, met in rows])
+    goal = auto_endpoints.goal_table(verdict)
+    assert goal["met"].tolist() == [met for *_, met in rows if met is not None]
+    assert goal["goal"].iloc[0] == "better than a too-aggressive pair"
+    assert auto_endpoints.goal_text(goal).endswith("met in 2 of 5 checks (95% Welch intervals "
+                                                   "over seeds; seed spread: the hand-picked "
+                                                   "pair's standard deviation).\n")
+    assert "| Fig. 9: VGG-19bn, PowerSGD | 2 of 5 | auto_rank vs accordion_rank4_rank1; " \
+        "auto_rank vs accordion_rank4_rank2; auto_rank vs accordion_rank4_rank2 |" in \
+        auto_endpoints.goal_summary(goal)
 
 
 def test_harm_is_what_the_rows_say(runs):
