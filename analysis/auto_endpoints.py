@@ -14,8 +14,9 @@ and method, writes to ``--out``:
   automatic run includes what its probe's collectives carried (``auto/probe_bits/model``);
 - ``verdict.{md,csv}``: each automatic method against each hand-picked Accordion and the best
   fixed level of the case: the metric difference and its interval, the data ratio, and whether
-  the automatic run "reaches the hand-picked metric within its seed spread (one std) at no more
-  bits", "does better" (its interval entirely on the good side), or neither;
+  the automatic run is "better" or "worse" (the difference's interval entirely on one side of
+  0), else whether it "reaches" the other's metric within that one's seed spread (one std), at
+  no more bits or with more, or is "below it by more than its spread, not significantly";
 - ``goal.{md,csv}``: issue 30's goal checked per automatic method and hand-picked pair
   (:func:`goal_table`) and a line counting the checks met; ``goal_summary.md`` the same per case;
 - ``metric_vs_bits.png``: the final metric against the data sent, one panel per case, every
@@ -175,12 +176,12 @@ def verdict_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
             reaches = sign * diff >= -spread
             if not math.isnan(half) and sign * diff - half > 0:
                 call = "better"
-            elif reaches and ratio <= 1:
-                call = "reaches it at no more bits"
-            elif reaches:
-                call = "reaches it with more bits"
-            else:
+            elif not math.isnan(half) and sign * diff + half < 0:
                 call = "worse"
+            elif reaches:
+                call = "reaches it at no more bits" if ratio <= 1 else "reaches it with more bits"
+            else:
+                call = "below it by more than its spread, not significantly"
             rows.append({"case": auto["case"], "auto": auto["method"],
                          "against": other["method"], "against_kind": other["kind"],
                          "diff": diff, "diff_ci": half, "spread": spread, "bits_ratio": ratio,

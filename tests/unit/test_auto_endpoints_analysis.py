@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
 from analysis import auto_endpoints, provenance
 from analysis.claims import load_sweep
@@ -113,15 +115,42 @@ def test_table_verdict_and_figures(runs, tmp_path):
     row = mine.loc["accordion_rank2_rank1"]
     expected = auto["final_mean"] - table.loc["accordion_rank2_rank1", "final_mean"]
     assert row["diff"] == pytest.approx(expected)
+    a = [hand[("auto_rank", s)]["final"] for s in (0, 1)]
+    b = [hand[("accordion_rank2_rank1", s)]["final"] for s in (0, 1)]
+    se = math.sqrt(statistics.variance(a) / 2 + statistics.variance(b) / 2)
+    dof = se**4 / ((statistics.variance(a) / 2) ** 2 + (statistics.variance(b) / 2) ** 2)
+    half = scipy_stats.t.ppf(0.975, dof) * se if se else 0.0  # Welch, by hand
+    assert row["diff_ci"] == pytest.approx(half)
     reaches = expected >= -table.loc["accordion_rank2_rank1", "final_std"]
-    assert (row["verdict"] in ("better", "reaches it at no more bits",
-                               "reaches it with more bits")) == (reaches or row["verdict"]
-                                                                  == "better")
-    assert (row["verdict"] == "reaches it at no more bits") == (
-        reaches and row["bits_ratio"] <= 1 and row["verdict"] != "better")
+    want = ("better" if expected - half > 0 else "worse" if expected + half < 0
+            else ("reaches it at no more bits" if row["bits_ratio"] <= 1
+                  else "reaches it with more bits") if reaches
+            else "below it by more than its spread, not significantly")
+    assert row["verdict"] == want
     # the batch case: one seed, no interval; the auto run chose a B_high it logged
     assert table.loc["auto_batch", "seeds"] == 1 and math.isnan(table.loc["auto_batch",
                                                                           "final_ci"])
+
+
+@pytest.mark.parametrize(("auto", "hand", "bits", "verdict"), [
+    ((90, 91, 92), (95, 96, 97), 1.0, "worse"),  # the interval entirely below 0
+    ((90, 95, 100), (96, 97, 98), 1.0, "below it by more than its spread, not significantly"),
+    ((95, 97, 99), (96, 97, 98), 0.9, "reaches it at no more bits"),
+    ((95, 97, 99), (96, 97, 98), 1.1, "reaches it with more bits"),
+    ((99, 100, 101), (96, 97, 98), 2.0, "better"),
+])
+def test_verdict_calls_a_difference_only_where_its_interval_excludes_zero(auto, hand, bits,
+                                                                          verdict):
+    runs = pd.DataFrame([{"case": "c", "method": m, "final": f} for m, finals in
+                         (("auto_rank", auto), ("accordion_rank2_rank1", hand)) for f in finals])
+    table = pd.DataFrame([
+        {"case": "c", "method": "auto_rank", "kind": "auto", "metric": "test/accuracy",
+         "final_mean": statistics.mean(auto), "final_std": statistics.stdev(auto),
+         "bits_mean": bits},
+        {"case": "c", "method": "accordion_rank2_rank1", "kind": "hand-picked",
+         "metric": "test/accuracy", "final_mean": statistics.mean(hand),
+         "final_std": statistics.stdev(hand), "bits_mean": 1.0}])
+    assert auto_endpoints.verdict_table(runs, table)["verdict"].tolist() == [verdict]
 
 
 def test_goal_asks_more_of_the_auto_run_against_a_too_aggressive_pair():
