@@ -4,9 +4,9 @@ grid of fixed levels (conf/sweep/auto_endpoints.yaml), and what the automatic ru
     python -m analysis.auto_endpoints [RUNS] [--scale tiny] [--out results/auto]
     python -m analysis.auto_endpoints whatif RUN_DIR [--rule budget --budget 0.05 ...]
 
-From the sweep's completed runs (the others are listed in ``skipped.csv``), per case (a paper
-setting: Table 1 ResNet-18, Table 3 ResNet-18, Table 4 LSTM, Fig. 9 VGG-19bn, Fig. 10 batches)
-and method, writes to ``--out``:
+From the sweep's completed runs and those it shares with fig9 (:data:`SHARED`; the others are
+listed in ``skipped.csv``), per case (a paper setting: Table 1 ResNet-18, Table 3 ResNet-18,
+Table 4 LSTM, Fig. 9 VGG-19bn, Fig. 10 batches) and method, writes to ``--out``:
 
 - ``table.{md,csv}``: final metric and data sent, mean and 95% confidence interval over seeds
   (Student's t with n - 1 degrees of freedom), the data relative to each case's hand-picked
@@ -66,6 +66,10 @@ from schedulers.accordion_auto import (
 )
 
 SWEEP = "auto_endpoints"
+# Runs this sweep reads from another sweep instead of running them again: the same configs but
+# for `sweep` (conf/sweep/auto_endpoints.yaml's Fig. 9 group; tests/unit/test_sweeps.py).
+SHARED = {"fig9": ("rank4", "rank1", "accordion_rank4_rank1", "accordion_rank4_rank2")}
+SHARED_VARIANT = "ours"
 KEPT = ("completed", "diverged")  # a diverged run is a result of its setting, not a lost run
 CASES = {  # (benchmark, model, compressor) -> the paper setting it stands for
     ("cifar10", "resnet18", "powersgd"): "Table 1: ResNet-18, PowerSGD",
@@ -86,6 +90,23 @@ CONFIDENCE = 0.95
 
 
 # ---- numbers --------------------------------------------------------------------------------
+def load(root: str | Path, scale: str | None) -> Frames:
+    """The sweep's runs (completed or diverged) and those of :data:`SHARED` (variant ours),
+    with their epochs and the left-out runs of both."""
+    parts = [load_sweep(root, SWEEP, scale, keep=KEPT)]
+    for sweep, methods in SHARED.items():
+        other = load_sweep(root, sweep, scale, keep=KEPT)
+
+        def shared(frame: pd.DataFrame, methods: tuple[str, ...] = methods) -> pd.Series:
+            return frame["method"].isin(methods) & (frame["variant"] == SHARED_VARIANT)
+
+        mine = other.runs[shared(other.runs)]
+        parts.append(Frames(mine, other.epochs[other.epochs["run_id"].isin(mine["run_id"])],
+                            other.problems[shared(other.problems)]))
+    return Frames(*(pd.concat([getattr(f, name) for f in parts], ignore_index=True)
+                    for name in ("runs", "epochs", "problems")))
+
+
 def kind(method: str) -> str:
     """``auto`` (accordion_auto / accordion_batch_auto), ``hand-picked`` (Accordion's own
     endpoints) or ``fixed`` (one level, or one batch, all run)."""
@@ -512,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale", default="tiny", help="the sweep's scale (default tiny)")
     parser.add_argument("--out", default="results/auto", help="output folder")
     args = parser.parse_args(argv)
-    frames = load_sweep(args.runs, SWEEP, args.scale, keep=KEPT)
+    frames = load(args.runs, args.scale)
     if frames.runs.empty:
         print(f"error: no completed runs of sweep {SWEEP} (scale {args.scale}) below "
               f"{args.runs}; run `make reproduce-auto SCALE={args.scale}` first", file=sys.stderr)

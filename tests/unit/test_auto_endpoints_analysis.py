@@ -37,6 +37,18 @@ RUNS = [
      ["scheduler:", "  batch_low: 32", "  batches: [32, 64]", "  interval: 1",
       "  probe_steps: 1"]),
 ]
+# Runs of sweep fig9, seed 0: rank1 (ours) is one the analysis shares (SHARED, as the real fig9
+# runs are); the authors' Accordion (a shared method, not the shared variant) and rank2 (not a
+# shared method) are not. (method, variant, defaults, config lines)
+ACCORDION = ["scheduler:", "  low: 2", "  high: 1", "  interval: 1"]
+OTHER_SWEEP = [
+    ("rank1", "ours", POWERSGD, ["compressor:", "  rank: 1"]),
+    ("accordion_rank2_rank1", "authors", ("override /compressor: powersgd_authors",
+                                          "override /scheduler: accordion"),
+     ["compressor:", "  rank: 2", *ACCORDION, "variants: [ours, authors]"]),
+    ("rank2", "ours", POWERSGD, ["compressor:", "  rank: 2"]),
+]
+SHARED = {"fig9": ("rank1", "accordion_rank2_rank1")}
 
 
 @pytest.fixture(scope="module")
@@ -53,22 +65,35 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     "benchmark: cifar10", f"method: {method}", "variant: ours",
                     f"baseline: {baseline}", f"seed: {seed}", *lines]
             (conf / f"{options[-1]}.yaml").write_text("\n".join(text) + "\n")
+    for i, (method, variant, defaults, lines) in enumerate(OTHER_SWEEP):
+        options.append(f"fig9_{i}")
+        text = ["# @package _global_", "defaults:", *(f"  - {d}" for d in defaults),
+                "  - override /logger: none", "sweep: fig9", "scale: tiny",
+                "benchmark: cifar10", f"method: {method}", f"variant: {variant}",
+                "baseline: rank2", "seed: 0", *lines]
+        (conf / f"{options[-1]}.yaml").write_text("\n".join(text) + "\n")
     out = root / "runs"
     assert_ok(run_cli(["-m", f"hydra.searchpath=[file://{root / 'conf'}]",
                        f"+{GROUP}={','.join(options)}", *COMMON, f"hydra.sweep.dir={out}"]))
     return out
 
 
-def by_hand(runs: Path) -> dict[tuple[str, int], dict]:
-    """(method, seed) -> final accuracy, bits with the probe's, rows: read with plain json."""
+def by_hand(runs: Path, sweep: str = "auto_endpoints", variant: str | None = None
+            ) -> dict[tuple[str, int], dict]:
+    """(method, seed) -> final accuracy, bits with the probe's, rows: read with plain json, of
+    the runs of ``sweep`` (and ``variant``, if given)."""
     out = {}
     for metrics in runs.glob("*/metrics.jsonl"):
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
         cfg = (metrics.parent / ".hydra" / "config.yaml").read_text()
-        method = next(line.split(": ")[1] for line in cfg.splitlines()
-                      if line.startswith("method: "))
-        seed = int(next(line.split(": ")[1] for line in cfg.splitlines()
-                        if line.startswith("seed: ")))
+
+        def value(key: str, cfg: str = cfg) -> str:
+            return next(line.split(": ")[1] for line in cfg.splitlines()
+                        if line.startswith(f"{key}: "))
+
+        if value("sweep") != sweep or variant is not None and value("variant") != variant:
+            continue
+        method, seed = value("method"), int(value("seed"))
         bits = sum(r["comm/bits"] + r.get("auto/probe_bits/model", 0.0) for r in rows)
         out[(method, seed)] = {"final": rows[-1]["test/accuracy"], "bits": bits, "rows": rows,
                                "dir": metrics.parent}
@@ -178,6 +203,20 @@ def test_goal_asks_more_of_the_auto_run_against_a_too_aggressive_pair():
     assert "| Fig. 9: VGG-19bn, PowerSGD | 2 of 5 | auto_rank vs accordion_rank4_rank1; " \
         "auto_rank vs accordion_rank4_rank2; auto_rank vs accordion_rank4_rank2 |" in \
         auto_endpoints.goal_summary(goal)
+
+
+def test_the_shared_runs_of_another_sweep_are_read_and_no_others(runs, monkeypatch):
+    monkeypatch.setattr(auto_endpoints, "SHARED", SHARED)
+    frames = auto_endpoints.load(runs, "tiny")
+    assert sorted(frames.runs["sweep"]).count("auto_endpoints") == len(by_hand(runs))
+    shared = frames.runs[frames.runs["sweep"] != "auto_endpoints"]
+    assert shared[["sweep", "method", "variant"]].values.tolist() == [["fig9", "rank1", "ours"]]
+    assert set(frames.epochs["run_id"]) == set(frames.runs["run_id"])
+    table = auto_endpoints.group_table(auto_endpoints.per_run(frames)).set_index("method")
+    assert table.loc["rank1", "final_mean"] == by_hand(runs, "fig9", "ours")[("rank1", 0)][
+        "final"]
+    assert table.loc["rank2", "final_mean"] == pytest.approx(  # auto's rank2 alone
+        sum(by_hand(runs)[("rank2", s)]["final"] for s in (0, 1)) / 2)
 
 
 def test_harm_is_what_the_rows_say(runs):
