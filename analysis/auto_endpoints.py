@@ -92,19 +92,17 @@ CONFIDENCE = 0.95
 # ---- numbers --------------------------------------------------------------------------------
 def load(root: str | Path, scale: str | None) -> Frames:
     """The sweep's runs (completed or diverged) and those of :data:`SHARED` (variant ours),
-    with their epochs and the left-out runs of both."""
-    parts = [load_sweep(root, SWEEP, scale, keep=KEPT)]
-    for sweep, methods in SHARED.items():
-        other = load_sweep(root, sweep, scale, keep=KEPT)
+    with their epochs and the left-out runs of both; the records are read once."""
+    frames = load_sweep(root, (SWEEP, *SHARED), scale, keep=KEPT)
 
-        def shared(frame: pd.DataFrame, methods: tuple[str, ...] = methods) -> pd.Series:
-            return frame["method"].isin(methods) & (frame["variant"] == SHARED_VARIANT)
+    def used(frame: pd.DataFrame) -> pd.Series:
+        mine = frame["sweep"] == SWEEP
+        for sweep, methods in SHARED.items():
+            mine |= (frame["sweep"] == sweep) & frame["method"].isin(methods) \
+                & (frame["variant"] == SHARED_VARIANT)
+        return frame["run_id"][mine]
 
-        mine = other.runs[shared(other.runs)]
-        parts.append(Frames(mine, other.epochs[other.epochs["run_id"].isin(mine["run_id"])],
-                            other.problems[shared(other.problems)]))
-    return Frames(*(pd.concat([getattr(f, name) for f in parts], ignore_index=True)
-                    for name in ("runs", "epochs", "problems")))
+    return frames.only({*used(frames.runs), *used(frames.problems)})
 
 
 def kind(method: str) -> str:

@@ -42,14 +42,16 @@ def module(name: str) -> ModuleType:
     return importlib.import_module(f"analysis.claims_{name}")
 
 
-def load_sweep(root: str | Path, sweep: str, scale: str | None = "tiny",
+def load_sweep(root: str | Path, sweep: str | tuple[str, ...], scale: str | None = "tiny",
                keep: Sequence[str] = ("completed",)) -> Frames:
-    """The runs of ``sweep`` (at ``scale``; None: any) below ``root`` whose only problem, if
-    any, is a status in ``keep``, with their epochs; ``problems``: the sweep's other runs."""
+    """The runs of ``sweep`` (or of any of several) at ``scale`` (None: any) below ``root``
+    whose only problem, if any, is a status in ``keep``, with their epochs; ``problems``: the
+    sweep's other runs."""
     frames = load_records(root, include_incomplete=True)
+    sweeps = (sweep,) if isinstance(sweep, str) else sweep
 
     def of_sweep(frame: pd.DataFrame) -> pd.Series:
-        mine = frame["sweep"] == sweep
+        mine = frame["sweep"].isin(sweeps)
         return mine & (frame["scale"] == scale) if scale is not None else mine
 
     runs = frames.runs[of_sweep(frames.runs)]

@@ -275,6 +275,28 @@ TABLE_TO_SWEEP = {**{str(t): f"table{t}" for t in range(1, 7)}, "fig9": "fig9",
                   "fig10": "fig10", "adacomp-t2": "adacomp"}
 
 
+@pytest.mark.parametrize("scale", SCALES)
+def test_the_auto_sweep_reads_fig9_runs_of_its_own_settings(scale):
+    """analysis/auto_endpoints.py's SHARED runs are fig9 runs (each shared method, variant ours)
+    whose overrides are the auto sweep's Fig. 9 group's but for method and sweep, and the
+    Makefile's AUTO_FIG9 starts exactly those (caught: a shared list edited in one place)."""
+    from analysis.auto_endpoints import SHARED, SHARED_VARIANT
+
+    def settings(job: list[str]) -> frozenset[str]:
+        return frozenset(o for o in job if not o.startswith(("method=", "sweep=")))
+
+    auto = {settings(j) for j in jobs("auto_endpoints", scale) if "model=vgg19bn" in j}
+    for sweep, methods in SHARED.items():
+        for method in methods:
+            shared = [j for j in jobs(sweep, scale) if f"method={method}" in j
+                      and f"variant={SHARED_VARIANT}" in j]
+            assert shared and {settings(j) for j in shared} <= auto, (sweep, method)
+        line = next(t for t in (ROOT / "Makefile").read_text().splitlines()
+                    if t.startswith("AUTO_FIG9 = "))
+        assert line == (f"AUTO_FIG9 = sweep={sweep} variant={SHARED_VARIANT} "
+                        f"method={','.join(methods)}")
+
+
 def test_every_reference_row_maps_to_run_groups(composed):
     groups = {(c.sweep, c.benchmark, c.model.name, c.compressor.name, c.method)
               for runs_ in composed.values() for c in runs_ if c.scale == "paper"}
