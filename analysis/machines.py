@@ -73,7 +73,22 @@ def page(table: pd.DataFrame) -> str:
         lines.append(f"- commit `{commit}`, portable numerics, {len(group)} machine(s): "
                      + ("the same numbers on every machine." if same else
                         "**the machines disagree.**"))
+    lines += _across(portable)
     return "\n".join(lines) + "\n"
+
+
+def _across(portable: pd.DataFrame) -> list[str]:
+    """Whether every portable row agrees, whatever its commit (a commit may change the
+    numbers on purpose: then compare within a commit, above); said where rows come from more
+    than one machine and more than one commit."""
+    if portable["fingerprint"].nunique() < 2 or portable["commit"].nunique() < 2:
+        return []
+    same = bool((portable[list(METHODS.values())].nunique(dropna=False) <= 1).all())
+    labels = ", ".join(sorted(portable["machine"].astype(str).unique()))
+    return [f"- every portable row ({portable['fingerprint'].nunique()} machines: {labels}; "
+            f"{portable['commit'].nunique()} commits): "
+            + ("the same numbers." if same else "the numbers differ between commits "
+               "(compare the rows of one commit).")]
 
 
 def _machine(group: pd.DataFrame) -> str:

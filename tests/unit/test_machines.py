@@ -48,3 +48,19 @@ def test_each_machine_is_a_row_and_the_page_says_whether_they_agree(tmp_path):
     machines.main([str(_demo(tmp_path / "c", MACHINE_B, shift=0.1)), "--out", str(out)])
     assert "**the machines disagree.**" in (out / "machines.md").read_text()
     assert len(pd.read_csv(out / "machines.csv")) == 2  # B's row replaced, not added
+
+
+def test_the_page_says_whether_rows_of_other_commits_and_machines_agree(tmp_path):
+    out = tmp_path / "out"
+    machines.main([str(_demo(tmp_path / "a", MACHINE_A)), "--out", str(out)])
+    assert "every portable row" not in (out / "machines.md").read_text()  # one machine
+    table = pd.read_csv(out / "machines.csv", dtype={"commit": str})
+    other = table.assign(fingerprint="f" * 12, commit="c" * 12, machine="Other CPU x2")
+    pd.concat([table, other]).to_csv(out / "machines.csv", index=False)
+    machines.main([str(tmp_path / "a"), "--out", str(out)])  # A again: the CSV rows stay
+    page = (out / "machines.md").read_text()
+    assert "every portable row (2 machines: " in page and "2 commits): the same numbers." in page
+    other["rank 1"] += 0.1
+    pd.concat([table, other]).to_csv(out / "machines.csv", index=False)
+    machines.main([str(tmp_path / "a"), "--out", str(out)])  # A again: the CSV rows stay
+    assert "the numbers differ between commits" in (out / "machines.md").read_text()
