@@ -17,6 +17,7 @@ from compression.base import Layer
 from compression.comm import SimComm, drive
 from compression.hook import aggregate_bucket
 from compression.powersgd import PowerSGD
+from core import numerics
 from tests.conftest import ROOT
 from tests.references import bits_of, kernel_and_eager, random_steps, require_kernel
 
@@ -27,9 +28,16 @@ BUCKET = ((8, 3, 3, 3), (8, 3, 3, 3), (8, 3, 3, 3), (12, 40), (12, 40), (30, 7),
           (16, 3, 3, 3), (3, 50))
 WORKERS = 3
 # Kernel and batched torch ops sum in different orders: they agree within float32 rounding,
-# which error feedback carries from step to step (at most 3e-5 of the output's largest
-# magnitude seen over 8 steps of ResNet-18's shapes).
-TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
+# which error feedback carries from step to step: at most 3e-5 of the output's largest
+# magnitude seen over 8 steps of ResNet-18's shapes (Intel Xeon), 2e-5 absolute in this file's
+# bucket on an AMD EPYC, where MKL's products take other branches. Allowed: 1e-4 of the
+# largest magnitude of the tensor compared.
+RTOL, SCALED_ATOL = 1e-4, 1e-4
+
+
+def assert_agree(x: torch.Tensor, y: torch.Tensor) -> None:
+    """x and y within float32 rounding carried over steps (see RTOL, SCALED_ATOL)."""
+    torch.testing.assert_close(x, y, rtol=RTOL, atol=SCALED_ATOL * float(y.abs().max()))
 
 
 def eager(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,16 +106,11 @@ def test_kernel_and_batched_torch_agree(error_feedback: bool,
     torch_ops = run_bucket(8, levels, error_feedback=error_feedback)
     for got, want in zip(kernel, torch_ops, strict=True):
         for x, y in zip(got, want, strict=True):
-            torch.testing.assert_close(x, y, **TOLERANCE)
+            assert_agree(x, y)
 
 
-@pytest.mark.parametrize("path", ["kernel", "torch"])
-def test_a_bucket_gives_each_layer_what_it_gives_alone(
-        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Batching the layers (one call per pass, one bmm per shape) changes no layer's numbers.
-    require_kernel(psgd_kernel.LIBRARY)
-    if path == "torch":
-        eager(monkeypatch)
+def check_bucket_against_layers_alone() -> None:
+    """Batching the layers (one call per pass, one bmm per shape) changes no layer's numbers."""
     levels = {0: 2, 3: 3}
     bucket = run_bucket(5, levels)
     memories = iter(bucket[-1])
@@ -117,6 +120,24 @@ def test_a_bucket_gives_each_layer_what_it_gives_alone(
             assert torch.equal(bits_of(got[i]), bits_of(want[0])), f"layer {i}"
         for want in alone[-1][:len(alone[-1]) // WORKERS]:  # worker 0's memories of layer i
             assert torch.equal(bits_of(next(memories).contiguous()), bits_of(want.contiguous()))
+
+
+def test_a_bucket_gives_each_layer_what_it_gives_alone() -> None:
+    require_kernel(psgd_kernel.LIBRARY)
+    check_bucket_against_layers_alone()
+
+
+def test_batched_torch_gives_each_layer_what_it_gives_alone_under_portable_numerics() -> None:
+    # The batched torch path: bit for bit where MKL's branch is fixed, as portable numerics (the
+    # default of CPU runs) fixes it; with the machine's own branch a batch of 3 and a matrix
+    # alone took products that differ in the last bits on an AMD EPYC (not on an Intel Xeon).
+    # A process of its own: the branch is fixed before MKL's first call.
+    script = ("from compression import _powersgd_kernel as k; k.kernel = lambda: None; "
+              "from tests.unit.test_powersgd_kernel import check_bucket_against_layers_alone "
+              "as check; check()")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **numerics.PORTABLE_ENV})
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_settling_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,6 +181,6 @@ def test_without_a_compiler_warns_once_and_runs_batched_torch(
     fused, torch_ops = kernel_and_eager(psgd_kernel.LIBRARY, "powersgd", steps, tmp_path,
                                         monkeypatch, rank=2)
     for (out, bits), (out_t, bits_t) in zip(fused, torch_ops, strict=True):
-        torch.testing.assert_close(out, out_t, **TOLERANCE)
+        assert_agree(out, out_t)
         assert bits == bits_t == [32 * 70 * 2] * 2
 
