@@ -160,8 +160,9 @@ bench-tiny-profile: $(VENV_STAMP) ## where one 2-worker tiny run's time goes (ph
 bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}
 	$(PY) -m benchmarks.tiny_speed $(ARGS)
 
-bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}
+bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}; on the CPU then each kernel pass of issue 27's methods -> results/bench/compressors_profile.{csv,md}
 	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE)) $(if $(DEVICE),--device $(DEVICE))
+	$(if $(DEVICE),,$(PY) -m benchmarks.compressor_profile)
 
 smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through NCCL, a resume, host syncs per step, NCCL vs gloo -> results/bench/smoke_gpu.md (skips without a GPU)
 	$(PY) -m benchmarks.smoke_gpu

@@ -14,9 +14,12 @@ import torch
 
 from benchmarks import compressor_peers
 from benchmarks.compressors import (
+    FLOORS,
     GOALS,
     Recorder,
     compressor_methods,
+    floor_pass,
+    goal_of,
     main,
     record,
     resnet18_buckets,
@@ -78,7 +81,34 @@ def test_a_baseline_run_writes_both_sides_and_the_goals(tmp_path) -> None:
     assert "width 8: a check only" in text and "load average (1 min) at the repeats" in text
     goals = text.split("**Issue 27's goals**")[1].split("\n\n")[1].splitlines()[2:]
     assert len(goals) == len(GOALS)
-    assert all(row.endswith((" yes |", " no |")) for row in goals)
+    for row in goals:  # met, then the floor in clone passes and the work over it
+        met, floor, x_floor = [c.strip() for c in row.split("|")[-4:-1]]
+        assert met in ("yes", "no", "no, below the floor") and float(floor) > 0 < float(x_floor)
+
+
+def test_a_goal_below_the_algorithms_floor_says_so() -> None:
+    assert goal_of("psgd1", 1.5, 0.5, floor=1.2) == ("<= 2x clone", "yes")
+    assert goal_of("psgd1", 3.0, 0.5, floor=1.2) == ("<= 2x clone", "no")
+    assert goal_of("psgd1", 3.0, 0.5, floor=2.5) == ("<= 2x clone", "no, below the floor")
+    assert goal_of("psgd2", 2.0, 0.5, floor=1.0)[1] == "no"  # the peer's part of the goal
+    assert goal_of("none", 1.0, None, floor=9.0) == ("", "")
+    assert set(FLOORS) == set(GOALS)
+
+
+def test_a_floor_makes_the_algorithms_passes() -> None:
+    # M = g + e into the floor's own error memory (every step), the output written (zeros);
+    # vectors (biases, norms) are not compressed and take no part.
+    _, buckets = resnet18_buckets(batch=2, width=4)
+    grads = [g for b in buckets for g in b.gradients()]
+    for b in buckets:
+        b.restore()
+    before = [g.clone() for g in grads]
+    for read_m, ratio in ((True, None), (False, None), (True, 0.1)):
+        for b in buckets:
+            b.restore()
+        floor_pass(buckets, read_m, ratio)()
+        for g, old in zip(grads, before, strict=True):
+            assert torch.equal(g, torch.zeros_like(g) if g.ndim > 1 else old)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
@@ -128,3 +158,29 @@ def _applied(peer: compressor_peers.Peer, g: torch.Tensor) -> torch.Tensor:
     out = g.clone()
     peer(out)
     return out
+
+
+def test_the_profile_times_every_pass_of_every_goal(tmp_path) -> None:
+    # A process of its own (the profile wraps the kernels' module functions for good, and owns
+    # a world-size-1 group): every goal gets a row, its kernel's passes are timed (> 0), the
+    # rest is the work outside them, and the floor was run.
+    done = subprocess.run([sys.executable, "-m", "benchmarks.compressor_profile", "--width", "8",
+                           "--repeats", "1", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "compressors_profile.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    by = {}
+    for row in rows:
+        by.setdefault((row["compressor"], row["level"]), {})[row["part"]] = float(row["ms"])
+    assert len(by) == len(GOALS)
+    for (compressor, _), parts in by.items():
+        main_passes = {"powersgd": ("project", "back", "expand"),
+                       "topk": ("compress", "decompress"),
+                       "adacomp": ("compress", "decompress")}[compressor]
+        assert all(parts[p] > 0 for p in main_passes), (compressor, parts)
+        passes = sum(v for k, v in parts.items() if k not in ("rest", "work", "floor"))
+        assert math.isclose(parts["rest"], parts["work"] - passes, abs_tol=2e-3)
+        assert parts["floor"] > 0
+    text = (tmp_path / "compressors_profile.md").read_text()
+    assert text.count("\n| powersgd |") == 3 and "work / floor" in text

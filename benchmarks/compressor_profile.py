@@ -1,0 +1,192 @@
+"""Where a compressor's own work goes: each pass of its kernel timed inside real steps, beside the
+floor of its algorithm; writes results/bench/compressors_profile.{csv,md}.
+
+    make bench-compressors        # runs this after the speed table
+    python -m benchmarks.compressor_profile [--repeats 15]
+
+The methods of issue 27's goals (:data:`benchmarks.compressors.GOALS`) run the hook's path on
+ResNet-18's gradients as ``make bench-compressors`` runs them (one worker, one thread, methods
+interleaved within every repeat). Each call of a kernel pass (:data:`PASSES`: PowerSGD's three
+passes and its orthogonalization, Top-K's and AdaComp's compress and decompress, and any
+``settle``) is timed with ``time.perf_counter`` where it is made, whichever thread makes it;
+``rest`` is the work the hook's timer counted outside them (the glue: messages, views, the
+small dense layers' copies). The floor is :func:`benchmarks.compressors.floor_pass` for the
+same method, timed in the same repeats. Medians over repeats; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from benchmarks.compressors import (
+    ADACOMP_BINS,
+    FLOORS,
+    GOALS,
+    OUT,
+    POWERSGD_RANKS,
+    TOPK_RATIOS,
+    Ours,
+    _describe,
+    _dirty,
+    floor_pass,
+    one_worker_group,
+    resnet18_buckets,
+    run_step,
+)
+from compression import _adacomp_kernel, _powersgd_kernel, _topk_kernel
+from compression import powersgd as powersgd_module
+
+# The passes timed, per compressor: (module, function) as the compressor calls them.
+PASSES: dict[str, list[tuple[ModuleType, str]]] = {
+    "powersgd": [(_powersgd_kernel, "project"), (powersgd_module, "orthogonalize"),
+                 (_powersgd_kernel, "back"), (_powersgd_kernel, "expand"),
+                 (_powersgd_kernel, "settle")],
+    "topk": [(_topk_kernel, "compress"), (_topk_kernel, "decompress")],
+    "adacomp": [(_adacomp_kernel, "compress"), (_adacomp_kernel, "decompress"),
+                (_adacomp_kernel, "settle")],
+}
+
+
+class Clock:
+    """Seconds per pass name since :meth:`reset`, summed over the calls of the wrapped
+    functions (wrapped once, for the process)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def wrap(self, module: ModuleType, name: str) -> None:
+        function = getattr(module, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+
+        setattr(module, name, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+
+
+def goal_methods(model: torch.nn.Module, buckets: list) -> dict[str, tuple[str, str, Ours]]:
+    """Issue 27's methods by key: (compressor, level, the hook's path for it)."""
+    methods = {f"psgd{r}": ("powersgd", f"rank {r}", Ours("powersgd", model, buckets, rank=r))
+               for r in POWERSGD_RANKS}
+    methods |= {f"topk{x}": ("topk", f"ratio {x}", Ours("topk", model, buckets, ratio=x))
+                for x in TOPK_RATIOS}
+    methods |= {f"adacomp{c}/{f}": ("adacomp", f"L_T {c}/{f}",
+                                    Ours("adacomp", model, buckets, conv_bin_size=c,
+                                         fc_bin_size=f)) for c, f in ADACOMP_BINS}
+    assert set(methods) == set(GOALS), "a goal without its profile"
+    return methods
+
+
+def floors(buckets: list) -> dict[str, Callable[[], None]]:
+    """Each floor key of :data:`FLOORS` as its step."""
+    steps = {"floor-psgd": floor_pass(buckets, read_m=True),
+             "floor-adacomp": floor_pass(buckets, read_m=False)}
+    steps |= {f"floor-topk{x}": floor_pass(buckets, read_m=True, ratio=x) for x in TOPK_RATIOS}
+    return steps
+
+
+def profile(repeats: int, warmup: int = 3, width: int = 64
+            ) -> tuple[list[dict[str, Any]], list[float]]:
+    """Per goal method, the median ms of each pass, the rest, the work and its floor; and the
+    1-minute load average at every measured repeat (``width``: ResNet-18's first-stage
+    channels; 64 is the real one)."""
+    torch.set_num_threads(1)
+    one_worker_group(torch.device("cpu"))
+    model, buckets = resnet18_buckets(width=width)
+    clock = Clock()
+    for module, name in {(m, n) for passes in PASSES.values() for m, n in passes}:
+        clock.wrap(module, name)
+    methods, floor_steps = goal_methods(model, buckets), floors(buckets)
+    samples: dict[str, list[dict[str, float]]] = defaultdict(list)
+    load = []
+    for repeat in range(warmup + repeats):
+        if repeat >= warmup:
+            load.append(os.getloadavg()[0])
+        for key, (_, _, ours) in methods.items():
+            clock.reset()
+            total, work = run_step(ours, buckets)
+            if repeat >= warmup:
+                samples[key].append({**clock.seconds, "work": work, "total": total})
+        for key, step in floor_steps.items():
+            total, _ = run_step(step, buckets)
+            if repeat >= warmup:
+                samples[key].append({"total": total})
+    rows = []
+    for key, (compressor, level, _) in methods.items():
+        median = {name: statistics.median(s.get(name, 0.0) for s in samples[key]) * 1e3
+                  for _, name in PASSES[compressor]}
+        work = statistics.median(s["work"] for s in samples[key]) * 1e3
+        floor = statistics.median(s["total"] for s in samples[FLOORS[key]]) * 1e3
+        rows.append({"compressor": compressor, "level": level, **median,
+                     "rest": work - sum(median.values()), "work": work, "floor": floor})
+    return rows, load
+
+
+def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any],
+          out: Path) -> None:
+    """compressors_profile.csv (one row per method and pass) and .md (one row per method)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "compressors_profile.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["compressor", "level", "part", "ms"])
+        for row in rows:
+            for part, ms in row.items():
+                if part not in ("compressor", "level"):
+                    writer.writerow([row["compressor"], row["level"], part, f"{ms:.3f}"])
+    lines = [f"Command: `python -m benchmarks.compressor_profile` (run by `make "
+             f"bench-compressors`), {context['minutes']:.1f} min, commit {context['commit']}. "
+             f"ResNet-18 gradients (width {context['width']}), one worker, one thread, median of "
+             f"{context['repeats']} interleaved repeats; load average (1 min) at the repeats: "
+             f"min {min(load):.2f}, median {statistics.median(load):.2f}, max {max(load):.2f} "
+             f"on {os.cpu_count()} CPUs.", "",
+             "Milliseconds per step of each pass of the compressor's kernel (every call, "
+             "whichever thread makes it), `rest`: the rest of the work the hook's timer counts "
+             "(`compress + decompress` of compressors.md); `floor`: the memory traffic of the "
+             "algorithm alone (compressors.md's `floor:` rows), timed in the same repeats.", "",
+             "| compressor | level | passes (ms) | rest | work | floor | work / floor |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for row in rows:
+        passes = ", ".join(f"{name} {row[name]:.2f}" for _, name in PASSES[row["compressor"]]
+                           if row[name] > 0)
+        lines.append(f"| {row['compressor']} | {row['level']} | {passes} | {row['rest']:.2f} | "
+                     f"{row['work']:.2f} | {row['floor']:.2f} | "
+                     f"{row['work'] / row['floor']:.2f} |")
+    (out / "compressors_profile.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--width", type=int, default=64, help="8: a check, not a measurement")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    rows, load = profile(args.repeats, width=args.width)
+    context = {"repeats": args.repeats, "width": args.width,
+               "minutes": (time.perf_counter() - started) / 60,
+               "commit": _describe("HEAD") + (" + uncommitted changes" if _dirty() else "")}
+    write(rows, load, context, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
