@@ -646,8 +646,9 @@ def _describe(ref: str | None) -> str | None:
 
 
 def _dirty() -> bool:
-    done = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                          capture_output=True, text=True, check=False)
+    """Whether tracked files other than results/ (the benchmarks' own outputs) changed."""
+    done = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no",
+                           "--", ".", ":!results"], capture_output=True, text=True, check=False)
     return bool(done.stdout.strip())
 
 
