@@ -158,13 +158,11 @@ static int64_t emit_scalar(float *acc, int64_t j, int64_t n, int32_t t, int64_t 
 }
 
 #ifdef X86
-/* emit_scalar, eight lanes at a time while whole vectors fit below k; the rest scalar. */
-__attribute__((target("avx2,popcnt")))
-static int64_t emit_avx2(float *acc, int64_t n, int32_t t, int64_t *ties, int64_t k,
-                         float *values, int32_t *index) {
-    /* Where most vectors keep an entry, a branch around the empty ones mispredicts more often
-       than the stores it saves cost: only under 1 kept in 8 is it taken. */
-    const int sparse = 8 * k < n;
+/* emit_scalar, eight lanes at a time while whole vectors fit below k; the rest scalar. sparse
+   (a constant where this is inlined): skip the vectors that keep nothing. */
+__attribute__((target("avx2,popcnt"), always_inline))
+static inline int64_t emit_lanes(float *acc, int64_t n, int32_t t, int64_t *ties, int64_t k,
+                                 float *values, int32_t *index, const int sparse) {
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), vt = _mm256_set1_epi32(t);
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);  /* lane i: bit i */
@@ -176,7 +174,7 @@ static int64_t emit_avx2(float *acc, int64_t n, int32_t t, int64_t *ties, int64_
         int tied = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(u, vt)));
         for (; tied && *ties > 0; tied &= tied - 1, --*ties)  /* the first ties, in order */
             kept |= tied & -tied;
-        if (!kept && sparse) continue;
+        if (sparse && !kept) continue;
         __m256i order = _mm256_loadu_si256((const __m256i *)PACK[kept]);
         __m256i j8 = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), lanes);
         _mm256_storeu_ps(values + count, _mm256_permutevar8x32_ps(a, order));
@@ -186,6 +184,20 @@ static int64_t emit_avx2(float *acc, int64_t n, int32_t t, int64_t *ties, int64_
         count += __builtin_popcount(kept);
     }
     return emit_scalar(acc, j, n, t, ties, k, values, index, count);
+}
+
+/* A branch around the vectors that keep nothing pays where it is rarely mispredicted: where
+   nearly all vectors are empty (under 1 kept in SPARSE). Elsewhere every vector is packed and
+   stored (nothing kept: count grows by none, e is stored unchanged), with no branch on what it
+   kept: at 1 kept in 10, 4 vectors in 10 are empty, and the branch made Top-K 0.1's compress
+   about twice as slow; measured on ResNet-18's gradients, the branch pays from 1 in 200 (0.005)
+   down, not at 1 in 50 (0.02). */
+#define SPARSE 64
+__attribute__((target("avx2,popcnt")))
+static int64_t emit_avx2(float *acc, int64_t n, int32_t t, int64_t *ties, int64_t k,
+                         float *values, int32_t *index) {
+    if (SPARSE * k < n) return emit_lanes(acc, n, t, ties, k, values, index, 1);
+    return emit_lanes(acc, n, t, ties, k, values, index, 0);
 }
 #endif
 
