@@ -38,8 +38,6 @@ from benchmarks.compressors import (
     POWERSGD_RANKS,
     TOPK_RATIOS,
     Ours,
-    _describe,
-    _dirty,
     floor_pass,
     one_worker_group,
     resnet18_buckets,
@@ -47,6 +45,7 @@ from benchmarks.compressors import (
 )
 from compression import _adacomp_kernel, _powersgd_kernel, _topk_kernel
 from compression import powersgd as powersgd_module
+from core import provenance
 
 # The passes timed, per compressor: (module, function) as the compressor calls them.
 PASSES: dict[str, list[tuple[ModuleType, str]]] = {
@@ -152,7 +151,7 @@ def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any]
                 if part not in ("compressor", "level"):
                     writer.writerow([row["compressor"], row["level"], part, f"{ms:.3f}"])
     lines = [f"Command: `python -m benchmarks.compressor_profile` (run by `make "
-             f"bench-compressors`), {context['minutes']:.1f} min, commit {context['commit']}. "
+             f"bench-compressors`), {context['minutes']:.1f} min; {context['made_by']}. "
              f"ResNet-18 gradients (width {context['width']}), one worker, one thread, median of "
              f"{context['repeats']} interleaved repeats; load average (1 min) at the repeats: "
              f"min {min(load):.2f}, median {statistics.median(load):.2f}, max {max(load):.2f} "
@@ -179,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--width", type=int, default=64, help="8: a check, not a measurement")
     args = parser.parse_args(argv)
-    started = time.perf_counter()
+    started, made_by = time.perf_counter(), provenance.made_here()
     rows, load = profile(args.repeats, width=args.width)
     context = {"repeats": args.repeats, "width": args.width,
                "minutes": (time.perf_counter() - started) / 60,
-               "commit": _describe("HEAD") + (" + uncommitted changes" if _dirty() else "")}
+               "made_by": made_by}
     write(rows, load, context, args.out)
     return 0
 

@@ -67,6 +67,7 @@ from benchmarks.compressor_peers import add_zoo
 from benchmarks.ranks import run_ranks
 from compression.comm import Pending, Timer, drive
 from compression.hook import aggregate_bucket, comm_hook
+from core import provenance
 
 OUT = Path("results/bench")
 ROOT = Path(__file__).resolve().parents[1]
@@ -611,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench-compressors: skipped: DEVICE=cuda but torch sees no CUDA device here")
         return 0
     load_before, started = os.getloadavg(), time.perf_counter()
+    made_by = provenance.made_here()
     with checkout(args.baseline) if args.baseline else _nothing() as tree:
         sides = [Side("this", ROOT, args.width, args.device)] + (
             [Side("baseline", tree, args.width, args.device)] if tree else [])
@@ -624,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
            run_ranks(_ddp_steps, 2, (args.ddp_steps, 16, args.width, cuda))[0])
     context = {"repeats": args.repeats, "width": args.width, "baseline": _describe(args.baseline),
                "this": _describe("HEAD") + (" + uncommitted changes" if _dirty() else ""),
-               "device": args.device, "load_before": load_before,
+               "device": args.device, "load_before": load_before, "made_by": made_by,
                "load_after": os.getloadavg(), "load": load,
                "minutes": (time.perf_counter() - started) / 60}
     write(tables, ddp, context, args.out)
@@ -702,7 +704,8 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
              f" Took {context['minutes']:.1f} min; load average (1 min) at the repeats: min "
              f"{min(load):.2f}, median {statistics.median(load):.2f}, max {max(load):.2f} "
              f"(1/5/15 min before: {_loads(context['load_before'])}; after: "
-             f"{_loads(context['load_after'])}) on {os.cpu_count()} CPUs.", ""]
+             f"{_loads(context['load_after'])}) on {os.cpu_count()} CPUs. Machine and code "
+             f"(this side): {context['made_by']}.", ""]
     if "baseline" in tables:
         pairs = [(tables["baseline"][key], t) for key, t in tables["this"].items()
                  if t["goal"] and key in tables["baseline"]]

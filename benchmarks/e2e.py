@@ -56,6 +56,7 @@ import torch
 from benchmarks import netmodel
 from benchmarks.netmodel import Collective, Compute, Program
 from benchmarks.netns import Hosts, Namespace, Unavailable, rank_env, unavailable_reason
+from core import provenance
 
 OUT = Path("results/bench")
 RATIOS = (0.25, 1.0, 4.0, 16.0)
@@ -428,11 +429,13 @@ def measure(models: dict[str, dict[str, Any]], methods: list[dict[str, Any]],
     for old in [*raw_dir.glob("*.json"), *raw_dir.glob("programs/*.json")]:
         old.unlink()
     load_before, started = os.getloadavg(), time.perf_counter()
+    made_by = provenance.made_here()
     with Namespace() as ns:
         for name, model in models.items():
             run_model(ns, name, model, methods, ratios, warmup, steps, raw_dir)
     context = {"minutes": (time.perf_counter() - started) / 60, "load_before": load_before,
-               "load_after": os.getloadavg(), "warmup": warmup, "steps": steps}
+               "load_after": os.getloadavg(), "warmup": warmup, "steps": steps,
+               "made_by": made_by}
     (raw_dir / "context.json").write_text(json.dumps(context))
 
 
@@ -523,7 +526,8 @@ def markdown(rows: list[dict[str, Any]], calibrations: list[dict[str, Any]],
         f"methods interleaved step by step, {context['steps']} measured steps each after "
         f"{context['warmup']} warm-up round(s) (from ratio 8 on: no warm-up, "
         f"{max(3, context['steps'] - 1)} steps); medians of the slower rank's step. Took "
-        f"{context['minutes']:.1f} min; load average before {load[0]}, after {load[1]}.", "",
+        f"{context['minutes']:.1f} min; load average before {load[0]}, after {load[1]}. "
+        f"Machine and code: {context.get('made_by', 'not recorded')}.", "",
         "**Link calibration.** `ratio`: the dense all-reduce alone over the compute time, "
         "aimed at from the earlier runs and achieved in the run itself (both measured side by "
         "side). `link eff.`: the dense all-reduce's bytes on lo at the tbf rate over its "

@@ -63,6 +63,16 @@ def collect(mode: str, world_size: int, launcher: str) -> dict[str, Any]:
     return prov
 
 
+def made_here(mode: str = "native") -> str:
+    """This machine and checkout in words, for a benchmark table's heading: the machine's label,
+    its fingerprint and the commit (and whether the tree had changes)."""
+    prov = collect(mode, 1, "benchmark")
+    commit = prov["git"]["commit"]
+    code = "no git commit" if commit is None else f"commit {commit[:10]}" + (
+        " with uncommitted changes" if prov["git"]["dirty"] else "")
+    return f"{prov['machine']} (fingerprint {prov['fingerprint']}), {code}"
+
+
 def fingerprint(prov: dict[str, Any]) -> str:
     """12 hex digits identifying the machine and software that can change the numbers."""
     machine = {k: v for k, v in prov.items() if k not in NOT_MACHINE}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import subprocess
 import sys
 
@@ -79,6 +80,8 @@ def test_a_baseline_run_writes_both_sides_and_the_goals(tmp_path) -> None:
     assert all(float(r["x_clone"]) > 0 for r in rows if r["x_clone"])
     text = (tmp_path / "compressors.md").read_text()
     assert "width 8: a check only" in text and "load average (1 min) at the repeats" in text
+    assert re.search(r"Machine and code \(this side\): .+ \(fingerprint [0-9a-f]{12}\), "
+                     r"commit [0-9a-f]{10}", text)
     goals = text.split("**Issue 27's goals**")[1].split("\n\n")[1].splitlines()[2:]
     assert len(goals) == len(GOALS)
     for row in goals:  # met, then the floor in clone passes and the work over it
@@ -184,3 +187,4 @@ def test_the_profile_times_every_pass_of_every_goal(tmp_path) -> None:
         assert parts["floor"] > 0
     text = (tmp_path / "compressors_profile.md").read_text()
     assert text.count("\n| powersgd |") == 3 and "work / floor" in text
+    assert re.search(r"\(fingerprint [0-9a-f]{12}\), commit [0-9a-f]{10}", text)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -109,6 +110,8 @@ def test_calibration_and_report_are_written(bench) -> None:
     assert "**Against the ideal that charges compression**" in text
     context = json.loads((bench / "raw" / "e2e" / "context.json").read_text())
     assert context["steps"] == 1 and context["minutes"] > 0
+    assert re.search(r"Machine and code: .+ \(fingerprint [0-9a-f]{12}\), commit [0-9a-f]{10}",
+                     text)  # the machine and the code that made the numbers
 
 
 def test_projection_reads_the_records(bench) -> None:
