@@ -625,7 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     ddp = (None if cuda and torch.cuda.device_count() < 2 else
            run_ranks(_ddp_steps, 2, (args.ddp_steps, 16, args.width, cuda))[0])
     context = {"repeats": args.repeats, "width": args.width, "baseline": _describe(args.baseline),
-               "this": _describe("HEAD") + (" + uncommitted changes" if _dirty() else ""),
+               "this": _describe("HEAD") + (" + uncommitted changes"
+                                            if provenance.code_changed() else ""),
                "device": args.device, "load_before": load_before, "made_by": made_by,
                "load_after": os.getloadavg(), "load": load,
                "minutes": (time.perf_counter() - started) / 60}
@@ -645,13 +646,6 @@ def _describe(ref: str | None) -> str | None:
     done = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h (%cs)", ref],
                           capture_output=True, text=True, check=False)
     return done.stdout.strip() if done.returncode == 0 else ref
-
-
-def _dirty() -> bool:
-    """Whether tracked files other than results/ (the benchmarks' own outputs) changed."""
-    done = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no",
-                           "--", ".", ":!results"], capture_output=True, text=True, check=False)
-    return bool(done.stdout.strip())
 
 
 FORMATS = {"ms": "{:.2f}", "compute_ms": "{:.2f}", "x_clone": "{:.2f}", "x_copy": "{:.2f}",

@@ -65,12 +65,20 @@ def collect(mode: str, world_size: int, launcher: str) -> dict[str, Any]:
 
 def made_here(mode: str = "native") -> str:
     """This machine and checkout in words, for a benchmark table's heading: the machine's label,
-    its fingerprint and the commit (and whether the tree had changes)."""
+    its fingerprint and the commit (and whether code had uncommitted changes)."""
     prov = collect(mode, 1, "benchmark")
     commit = prov["git"]["commit"]
     code = "no git commit" if commit is None else f"commit {commit[:10]}" + (
-        " with uncommitted changes" if prov["git"]["dirty"] else "")
+        " with uncommitted changes" if code_changed() else "")
     return f"{prov['machine']} (fingerprint {prov['fingerprint']}), {code}"
+
+
+def code_changed(root: Path = ROOT) -> bool:
+    """Whether tracked files other than results/ (the tables benchmarks write, which change
+    while one benchmark follows another) differ from HEAD."""
+    done = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no",
+                           "--", ".", ":!results"], capture_output=True, text=True, check=False)
+    return bool(done.stdout.strip())
 
 
 def fingerprint(prov: dict[str, Any]) -> str:

@@ -8,13 +8,14 @@ import json
 import math
 import os
 import random
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from core import record, rng
+from core import provenance, record, rng
 from core.errors import ConfigError
 
 
@@ -326,3 +327,22 @@ def test_flatten_gives_dotted_keys():
     assert record.flatten(config) == {"model.name": "resnet18", "model.norm.kind": "batch",
                                       "seed": 0, "milestones": [150, 250]}
     assert record.flatten({"lr": 0.1}, "optimizer.") == {"optimizer.lr": 0.1}
+
+
+def test_a_benchmark_heading_calls_code_changes_uncommitted_not_its_own_tables(tmp_path) -> None:
+    # core.provenance.code_changed: tracked files outside results/ only (benchmarks rewrite
+    # results/ one after another; the code they measured is what the heading vouches for).
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "table.md").write_text("| a |\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    assert not provenance.code_changed(tmp_path)
+    (tmp_path / "results" / "table.md").write_text("| b |\n")
+    assert not provenance.code_changed(tmp_path)
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance.code_changed(tmp_path)
