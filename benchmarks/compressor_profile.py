@@ -23,7 +23,6 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,14 +30,10 @@ from typing import Any
 import torch
 
 from benchmarks.compressors import (
-    ADACOMP_BINS,
     FLOORS,
     GOALS,
     OUT,
-    POWERSGD_RANKS,
-    TOPK_RATIOS,
-    Ours,
-    floor_pass,
+    compressor_methods,
     one_worker_group,
     resnet18_buckets,
     run_step,
@@ -81,27 +76,6 @@ class Clock:
         self.seconds.clear()
 
 
-def goal_methods(model: torch.nn.Module, buckets: list) -> dict[str, tuple[str, str, Ours]]:
-    """Issue 27's methods by key: (compressor, level, the hook's path for it)."""
-    methods = {f"psgd{r}": ("powersgd", f"rank {r}", Ours("powersgd", model, buckets, rank=r))
-               for r in POWERSGD_RANKS}
-    methods |= {f"topk{x}": ("topk", f"ratio {x}", Ours("topk", model, buckets, ratio=x))
-                for x in TOPK_RATIOS}
-    methods |= {f"adacomp{c}/{f}": ("adacomp", f"L_T {c}/{f}",
-                                    Ours("adacomp", model, buckets, conv_bin_size=c,
-                                         fc_bin_size=f)) for c, f in ADACOMP_BINS}
-    assert set(methods) == set(GOALS), "a goal without its profile"
-    return methods
-
-
-def floors(buckets: list) -> dict[str, Callable[[], None]]:
-    """Each floor key of :data:`FLOORS` as its step."""
-    steps = {"floor-psgd": floor_pass(buckets, read_m=True),
-             "floor-adacomp": floor_pass(buckets, read_m=False)}
-    steps |= {f"floor-topk{x}": floor_pass(buckets, read_m=True, ratio=x) for x in TOPK_RATIOS}
-    return steps
-
-
 def profile(repeats: int, warmup: int = 3, width: int = 64
             ) -> tuple[list[dict[str, Any]], list[float]]:
     """Per goal method, the median ms of each pass, the rest, the work and its floor; and the
@@ -113,30 +87,33 @@ def profile(repeats: int, warmup: int = 3, width: int = 64
     clock = Clock()
     for module, name in {(m, n) for passes in PASSES.values() for m, n in passes}:
         clock.wrap(module, name)
-    methods, floor_steps = goal_methods(model, buckets), floors(buckets)
+    methods, rows = compressor_methods(model, buckets)
+    goals = {row["key"]: (row["method"].removeprefix("ours "), row["level"])
+             for row in rows if row["key"] in GOALS}
+    assert set(goals) == set(GOALS), "a goal without its method"
     samples: dict[str, list[dict[str, float]]] = defaultdict(list)
     load = []
     for repeat in range(warmup + repeats):
         if repeat >= warmup:
             load.append(os.getloadavg()[0])
-        for key, (_, _, ours) in methods.items():
+        for key in goals:
             clock.reset()
-            total, work = run_step(ours, buckets)
+            total, work = run_step(methods[key], buckets)
             if repeat >= warmup:
                 samples[key].append({**clock.seconds, "work": work, "total": total})
-        for key, step in floor_steps.items():
-            total, _ = run_step(step, buckets)
+        for key in set(FLOORS.values()):
+            total, _ = run_step(methods[key], buckets)
             if repeat >= warmup:
                 samples[key].append({"total": total})
-    rows = []
-    for key, (compressor, level, _) in methods.items():
+    found = []
+    for key, (compressor, level) in goals.items():
         median = {name: statistics.median(s.get(name, 0.0) for s in samples[key]) * 1e3
                   for _, name in PASSES[compressor]}
         work = statistics.median(s["work"] for s in samples[key]) * 1e3
         floor = statistics.median(s["total"] for s in samples[FLOORS[key]]) * 1e3
-        rows.append({"compressor": compressor, "level": level, **median,
-                     "rest": work - sum(median.values()), "work": work, "floor": floor})
-    return rows, load
+        found.append({"compressor": compressor, "level": level, **median,
+                      "rest": work - sum(median.values()), "work": work, "floor": floor})
+    return found, load
 
 
 def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any],

@@ -183,6 +183,19 @@ def floor_pass(buckets: list[Bucket], read_m: bool, ratio: float | None = None
     return step
 
 
+def floors(buckets: list[Bucket]) -> dict[str, tuple[str, str, Callable[[], None]]]:
+    """Every floor of :data:`FLOORS` by key: (its table row's method, level, step)."""
+    found = {"floor-psgd": ("floor: PowerSGD's passes (M = g + e, read M, write out)", "-",
+                            floor_pass(buckets, read_m=True)),
+             "floor-adacomp": ("floor: AdaComp's passes (M = g + e, write out)", "-",
+                               floor_pass(buckets, read_m=False))}
+    for ratio in TOPK_RATIOS:
+        found[f"floor-topk{ratio}"] = ("floor: Top-K's passes (M = g + e, read M, write and "
+                                       "read the message, write out)", f"ratio {ratio}",
+                                       floor_pass(buckets, read_m=True, ratio=ratio))
+    return found
+
+
 class Ours:
     """The hook's path for our compressor ``name`` (memories kept from step to step).
 
@@ -265,14 +278,9 @@ def compressor_methods(model: nn.Module, buckets: list[Bucket]
     add("clone", "memory pass (clone)", "-")
     add("copy", "memory pass (copy into a used buffer)", "-")
     add("none", "ours none (fp32 all-reduce)", "-")
-    methods["floor-psgd"] = floor_pass(buckets, read_m=True)
-    add("floor-psgd", "floor: PowerSGD's passes (M = g + e, read M, write out)", "-")
-    methods["floor-adacomp"] = floor_pass(buckets, read_m=False)
-    add("floor-adacomp", "floor: AdaComp's passes (M = g + e, write out)", "-")
-    for ratio in TOPK_RATIOS:
-        methods[f"floor-topk{ratio}"] = floor_pass(buckets, read_m=True, ratio=ratio)
-        add(f"floor-topk{ratio}", "floor: Top-K's passes (M = g + e, read M, write and read "
-            "the message, write out)", f"ratio {ratio}")
+    for key, (method, level, step) in floors(buckets).items():
+        methods[key] = step
+        add(key, method, level)
     methods["none"] = Ours("none", model, buckets)
     for r in POWERSGD_RANKS:
         methods[f"psgd{r}"] = Ours("powersgd", model, buckets, rank=r)
