@@ -9,8 +9,8 @@ ResNet-18's gradients as ``make bench-compressors`` runs them (one worker, one t
 interleaved within every repeat). Each call of a kernel pass (:data:`PASSES`: PowerSGD's three
 passes and its orthogonalization, Top-K's and AdaComp's compress and decompress, and any
 ``settle``) is timed with ``time.perf_counter`` where it is made, whichever thread makes it;
-``rest`` is the work the hook's timer counted outside them (the glue: messages, views, the
-small dense layers' copies). The floor is :func:`benchmarks.compressors.floor_pass` for the
+``rest`` is the rest of the work the hook's timer counted (everything outside those calls:
+not broken down further here). The floor is :func:`benchmarks.compressors.floor_pass` for the
 same method, timed in the same repeats. Medians over repeats; nothing here is a test.
 """
 
