@@ -68,8 +68,7 @@ def page(table: pd.DataFrame) -> str:
     lines += [markdown(shown), ""]
     portable = table[table["numerics"] == "portable"]
     for commit, group in portable.groupby("commit"):
-        values = group[list(METHODS.values())]
-        same = len(group) < 2 or bool((values.nunique(dropna=False) <= 1).all())
+        same = len(group) < 2 or _agree(group)
         lines.append(f"- commit `{commit}`, portable numerics, {len(group)} machine(s): "
                      + ("the same numbers on every machine." if same else
                         "**the machines disagree.**"))
@@ -83,12 +82,17 @@ def _across(portable: pd.DataFrame) -> list[str]:
     than one machine and more than one commit."""
     if portable["fingerprint"].nunique() < 2 or portable["commit"].nunique() < 2:
         return []
-    same = bool((portable[list(METHODS.values())].nunique(dropna=False) <= 1).all())
+    same = _agree(portable)
     labels = ", ".join(sorted(portable["machine"].astype(str).unique()))
     return [f"- every portable row ({portable['fingerprint'].nunique()} machines: {labels}; "
             f"{portable['commit'].nunique()} commits): "
             + ("the same numbers." if same else "the numbers differ between commits "
                "(compare the rows of one commit).")]
+
+
+def _agree(rows: pd.DataFrame) -> bool:
+    """Whether ``rows`` hold one value per method (a missing one counts as a value)."""
+    return bool((rows[list(METHODS.values())].nunique(dropna=False) <= 1).all())
 
 
 def _machine(group: pd.DataFrame) -> str:

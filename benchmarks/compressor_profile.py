@@ -101,7 +101,7 @@ def profile(repeats: int, warmup: int = 3, width: int = 64
             total, work = run_step(methods[key], buckets)
             if repeat >= warmup:
                 samples[key].append({**clock.seconds, "work": work, "total": total})
-        for key in set(FLOORS.values()):
+        for key in dict.fromkeys(FLOORS.values()):
             total, _ = run_step(methods[key], buckets)
             if repeat >= warmup:
                 samples[key].append({"total": total})
