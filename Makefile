@@ -47,7 +47,7 @@ SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
-	bench-e2e bench-numerics bench-tiny-profile bench-tiny-speed bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
+	bench-e2e bench-numerics bench-portable-step bench-tiny-profile bench-tiny-speed bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
 	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines slurm-up slurm-down test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
@@ -153,6 +153,9 @@ bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8
 
 bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 run side by side [ARGS="--repeats 2 --epochs 16"] -> results/bench/numerics.{csv,md}
 	$(PY) -m benchmarks.numerics $(ARGS)
+
+bench-portable-step: $(VENV_STAMP) ## where a tiny training step's time goes under portable numerics, op by op, beside the other CPU settings [ARGS="--steps 40"] -> results/bench/portable_step.{csv,md}
+	$(PY) -m benchmarks.portable_step $(ARGS)
 
 bench-tiny-profile: $(VENV_STAMP) ## where one 2-worker tiny run's time goes (phases), per compressor, as 2 torchrun ranks and as 2 simulated learners [ARGS="--epochs 4"] -> results/bench/tiny_profile.{csv,md}
 	$(PY) -m benchmarks.tiny_profile $(ARGS)

@@ -1,0 +1,166 @@
+"""`make bench-portable-step`: where one tiny training step's time goes under portable numerics,
+op by op, and what the other CPU settings would give; writes results/bench/portable_step.{csv,md}.
+
+    .venv/bin/python -m benchmarks.portable_step [--steps 40] [--profiled 10]
+
+The step is one learner's share of a tiny CIFAR run (ResNet-18 at width 8, a micro-batch of 16
+generated 3x32x32 images: the tiny recipe's global batch of 32 over 2 workers): forward, loss,
+backward, one thread. Each setting runs in a process of its own, started with its environment
+(the knobs of core/numerics.py must be set before torch's first operation):
+
+- ``portable``: the suite's default for CPU runs (ATen's DEFAULT kernels, MKL's COMPATIBLE
+  branch, oneDNN and NNPACK off): the same bits on every x86-64 machine;
+- ``portable, ATen AVX2``: the same but ATen's AVX2 kernels, a candidate for a faster portable
+  mode on x86-64 machines with AVX2 (not adopted: its cross-vendor bits are unverified);
+- ``native``: every knob left to the machine (oneDNN convolutions, MKL's own branch).
+
+MKL's faster reproducible branches (``MKL_CBWR=AVX2``, ...) are not candidates: Intel documents
+them as reproducible on Intel CPUs only (oneMKL developer guide, "Getting Started with
+Conditional Numerical Reproducibility"), while the COMPATIBLE branch is the one for any x86 CPU.
+
+Reported per setting: the median time per step over ``--steps`` timed steps (after 5 warm-up
+steps), the ratio to portable, the share of the profiled steps' self CPU time per kind of op
+(torch.profiler), and a hash of the parameters' gradients after one step from the same
+initialisation, to show which settings compute other bits. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+OUT = Path("results/bench")
+SETTINGS = {"portable": {"numerics": "portable", "env": {}},
+            "portable, ATen AVX2": {"numerics": "portable",
+                                    "env": {"ATEN_CPU_CAPABILITY": "avx2",
+                                            "MKL_CBWR": "COMPATIBLE"}},
+            "native": {"numerics": "native", "env": {"OMP_NUM_THREADS": "1"}}}
+# What each kind of op is (self CPU time of these aten ops; the rest is "other").
+KINDS = {"convolution": ("conv", "_nnpack"),
+         "ReLU backward": ("threshold_backward",),
+         "ReLU": ("clamp_min", "relu"),
+         "BatchNorm": ("batch_norm",),
+         "fill and copy": ("fill_", "zero_", "copy_", "empty", "resize_")}
+
+
+def kind(op: str) -> str:
+    """The kind of the aten op named ``op``."""
+    return next((k for k, parts in KINDS.items() if any(p in op for p in parts)), "other")
+
+
+def child(steps: int, profiled: int) -> dict[str, Any]:
+    """In the setting's own process: time the step, profile it, hash one step's gradients."""
+    from core import numerics
+    from core.provenance import collect, made_here
+
+    if "ATEN_CPU_CAPABILITY" in os.environ:  # portable but for ATen's kernels (SETTINGS)
+        import torch
+
+        torch.backends.mkldnn.enabled = False
+        torch.backends.nnpack.set_flags(False)
+    else:
+        numerics.apply(os.environ["BENCH_NUMERICS"])
+    import torch
+    from torch.nn import functional as F
+
+    from models import build
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build("resnet18", 10, width=8)
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+
+    def step() -> None:
+        model.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x), y).backward()
+
+    step()
+    grads = hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters()))
+    for _ in range(4):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(profiled):
+            step()
+    shares: dict[str, float] = {k: 0.0 for k in [*KINDS, "other"]}
+    for event in prof.key_averages():
+        shares[kind(event.key)] += event.self_cpu_time_total
+    total = sum(shares.values())
+    return {"ms_per_step": statistics.median(times) * 1e3, "grad_hash": grads.hexdigest()[:12],
+            "capability": torch.backends.cpu.get_cpu_capability(),
+            "made_here": made_here(os.environ["BENCH_NUMERICS"]),
+            "fingerprint": collect(os.environ["BENCH_NUMERICS"], 1, "benchmark")["fingerprint"],
+            "mkl": numerics.state()["mkl_cbwr"], "mkldnn": torch.backends.mkldnn.enabled,
+            **{f"share {k}": v / total for k, v in shares.items()}}
+
+
+def measure(name: str, steps: int, profiled: int) -> dict[str, Any]:
+    """Run the setting ``name`` in its own process; its row."""
+    setting = SETTINGS[name]
+    env = {**os.environ, **setting["env"], "BENCH_NUMERICS": setting["numerics"]}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.portable_step", "--child",
+                           "--steps", str(steps), "--profiled", str(profiled)],
+                          capture_output=True, text=True, env=env, check=True)
+    return {"setting": name, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def markdown(rows: list[dict[str, Any]], heading: str) -> str:
+    """The table: time per step, ratio to portable, shares by kind of op, gradients' hash."""
+    base = rows[0]["ms_per_step"]
+    kinds = [k for k in rows[0] if k.startswith("share ")]
+    shares = " | ".join(k.removeprefix("share ") for k in kinds)
+    lines = [heading, "", "| setting | ATen kernels | MKL branch | oneDNN | ms per step | "
+             f"x portable | {shares} | gradients' hash | fingerprint |",
+             "| --- | --- | --- | --- | ---: | ---: | " + "---: | " * len(kinds) + "--- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['capability']} | {r['mkl']} | "
+                     f"{'on' if r['mkldnn'] else 'off'} | {r['ms_per_step']:.1f} | "
+                     f"{r['ms_per_step'] / base:.2f} | "
+                     + " | ".join(f"{100 * r[k]:.0f}%" for k in kinds)
+                     + f" | {r['grad_hash']} | {r['fingerprint']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--profiled", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.steps, args.profiled)))
+        return
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    rows = [measure(name, args.steps, args.profiled) for name in SETTINGS]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "portable_step.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    command = "make bench-portable-step" + (
+        f" ARGS='--steps {args.steps} --profiled {args.profiled}'"
+        if (args.steps, args.profiled) != (40, 10) else "")
+    heading = (f"# Where a portable tiny step goes\n\nCommand: `{command}` "
+               f"({time.perf_counter() - started:.0f} s; load {load:.2f} before, "
+               f"{os.getloadavg()[0]:.2f} after). Machine: {rows[0]['made_here']}. Shares: "
+               f"self CPU time of the profiled steps by kind of op.")
+    (args.out / "portable_step.md").write_text(markdown(rows, heading))
+    print((args.out / "portable_step.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
