@@ -34,13 +34,18 @@ CELL = ("model.name", "method", "variant")
 
 def complete_runs(runs_dir: str | Path, by: Sequence[str]) -> pd.DataFrame:
     """The complete runs below ``runs_dir``, one per cell (``by`` keys, model, method, variant)
-    and seed; a ValueError naming a ``by`` key that no run's config has."""
-    runs = load_records(runs_dir, include_incomplete=True).runs
+    and seed; a ValueError if there are none, or naming a ``by`` key that no run's config has."""
+    try:
+        runs = load_records(runs_dir, include_incomplete=True).runs
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from exc
+    duplicate = runs["problem"].fillna("").str.startswith("duplicate")
+    runs = runs[(runs["status"] == COMPLETED) & (runs["problem"].isna() | duplicate)]
+    if runs.empty:
+        raise ValueError(f"runs dir: no complete run below {runs_dir}")
     missing = [key for key in by if key not in runs.columns]
     if missing:
         raise ValueError(f"--by: no run's config has {', '.join(missing)}")
-    duplicate = runs["problem"].fillna("").str.startswith("duplicate")
-    runs = runs[(runs["status"] == COMPLETED) & (runs["problem"].isna() | duplicate)]
     return runs.drop_duplicates([*by, *CELL, "seed"], keep="last")
 
 
@@ -80,7 +85,7 @@ def effect_table(runs: pd.DataFrame, by: Sequence[str], a: str, b: str) -> pd.Da
 def markdown(table: pd.DataFrame) -> str:
     """``table`` as a markdown table, floats to two decimals."""
     if table.empty:
-        return "(no complete runs)\n"
+        return "(no cell has both methods)\n"
     shown = table.map(lambda v: f"{v:.2f}" if isinstance(v, float) else str(v))
     lines = ["| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
     lines += ["| " + " | ".join(row) + " |" for row in shown.itertuples(index=False)]

@@ -77,3 +77,7 @@ def test_the_command_writes_markdown_and_refuses_an_unknown_key(tmp_path, capsys
     assert "Effect rank4 - rank1" in text
     assert spread.main([runs, "--by", "optimizer.momentum"]) == 2
     assert "--by: no run's config has optimizer.momentum" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    for where, says in [("empty", "no complete run below"), ("missing", "is not a directory")]:
+        assert spread.main([str(tmp_path / where)]) == 2
+        assert says in capsys.readouterr().err
