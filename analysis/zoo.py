@@ -49,7 +49,7 @@ from matplotlib.lines import Line2D
 
 import compression
 from analysis import style
-from analysis.claims import load_sweep
+from analysis.claims import load_sweep, made_by
 from analysis.tables import markdown, mean_std, run_stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +62,7 @@ ROLES = ("light", "heavy", "accordion")
 SIGN_OPTIMIZER = {"optimizer.lr": 0.001, "optimizer.momentum": 0.0,
                   "optimizer.schedule.warmup_start_lr": 0.0002, "trainer.grad_clip": "null"}
 EXTRA = {"signsgd": SIGN_OPTIMIZER, "signum": SIGN_OPTIMIZER}
+SEEDS = (0, 1, 2)  # the sweep's seeds
 RATIO = 4.0  # make bench-tta's link: the dense exchange takes RATIO x the compute
 # Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the 30th).
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -107,8 +108,35 @@ defaults:
 sweep: zoo
 """
     body = {"hydra": {"sweeper": {"groups": groups(),
-                                  "params": {"seed": "0,1,2", "variant": "ours"}}}}
+                                  "params": {"seed": ",".join(map(str, SEEDS)),
+                                             "variant": "ours"}}}}
     return head + yaml.safe_dump(body, sort_keys=False, width=100, default_flow_style=None)
+
+
+def label(group: dict[str, Any]) -> str:
+    """The method label a group's runs record (``conf/method/``): ``<compressor>-<role>``, the
+    compressor's name for ``zoo_fixed``, ``dgc-warmup``."""
+    method = group["method"]
+    if method == "zoo_fixed":
+        return group["compressor"]
+    if method.startswith("zoo_"):
+        return f"{group['compressor']}-{method.removeprefix('zoo_')}"
+    return method.replace("_", "-")
+
+
+def not_run(numbers: pd.DataFrame) -> dict[str, list[str]]:
+    """Per model, the sweep's runs that ``numbers`` lacks: a method label, with the seeds it
+    lacks where it has some."""
+    have = set(zip(numbers["model.name"], numbers["method"], numbers["seed"], strict=True))
+    out: dict[str, list[str]] = {}
+    for group in groups():
+        model, name = group["model"], label(group)
+        seeds = [s for s in SEEDS if (model, name, s) not in have]
+        if seeds:
+            out.setdefault(model, []).append(
+                name if len(seeds) == len(SEEDS) else
+                f"{name} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})")
+    return out
 
 
 # ---- the numbers ------------------------------------------------------------------------------
@@ -325,10 +353,7 @@ def report(runs: Path, scale: str | None, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     board.to_csv(out / "leaderboard.csv", index=False)
     answers.to_csv(out / "recovery.csv", index=False)
-    seeds = sorted(numbers["seed"].unique())
-    head = (f"The zoo at scale {scale}: `python -m analysis.zoo report {runs} --scale {scale}` "
-            f"over the runs of `make reproduce-zoo` (seeds {', '.join(map(str, seeds))}). Mean "
-            f"± std over seeds; time over the link modelled as analysis/zoo.py describes.\n\n")
+    head = heading(numbers, frames, runs, scale)
     (out / "leaderboard.md").write_text(head + leaderboard_markdown(board))
     (out / "recovery.md").write_text(
         head + "Differences in the metric's better direction (accuracy points; perplexity "
@@ -337,6 +362,24 @@ def report(runs: Path, scale: str | None, out: Path) -> list[Path]:
     style.save(pareto(board), [out / "pareto.png"])
     return [out / f for f in ("leaderboard.md", "leaderboard.csv", "recovery.md",
                               "recovery.csv", "pareto.png")]
+
+
+def heading(numbers: pd.DataFrame, frames: Any, runs: Path, scale: str | None) -> str:
+    """What the tables are of: the command, the runs present of those planned, their machines
+    and commits, the failed runs and the planned runs not yet run."""
+    planned = len(groups()) * len(SEEDS)
+    text = (f"The zoo at scale {scale}: `python -m analysis.zoo report {runs} --scale {scale}` "
+            f"over the runs of `make reproduce-zoo`, {len(numbers)} of its {planned} runs "
+            f"(seeds {', '.join(map(str, sorted(numbers['seed'].unique())))}): "
+            f"{made_by(frames.runs)} Mean ± std over seeds; time over the link modelled as "
+            "analysis/zoo.py describes.")
+    if len(frames.problems):
+        text += f" {len(frames.problems)} run(s) failed or unfinished: see their run records."
+    missing = not_run(numbers)
+    if missing:
+        text += " Not run yet: " + "; ".join(
+            f"{model}: {', '.join(names)}" for model, names in missing.items()) + "."
+    return text + "\n\n"
 
 
 def main(argv: list[str] | None = None) -> int:

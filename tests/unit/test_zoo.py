@@ -192,3 +192,23 @@ def test_the_pareto_figure_reads_cleanly_with_every_compressor() -> None:
     assert len({tuple(c) for c in colours}) == len(names)
     assert [ax.get_ylabel() for ax in fig.axes] == ["final test perplexity",
                                                     "final test accuracy (%)"]
+
+
+def test_the_report_says_which_runs_it_is_of_and_which_are_not_run_yet(reported: Path) -> None:
+    head = (reported / "leaderboard.md").read_text().split("\n")[0]
+    assert f"21 of its {len(zoo.groups()) * 3} runs" in head
+    missing = head.split("Not run yet: ")[1]
+    resnet, lstm = missing.split("; lstm: ")
+    assert "topk-light" in resnet and "dgc-warmup" in resnet and "lstm-" not in lstm
+    assert not {"none", "qsgd-light", "terngrad-accordion"} & set(
+        resnet.removeprefix("resnet18: ").split(", "))
+    assert "qsgd-light" in lstm
+    assert head == (reported / "recovery.md").read_text().split("\n")[0]
+
+
+def test_a_missing_seed_is_named_with_its_method() -> None:
+    numbers = pd.DataFrame({"model.name": "lstm", "method": ["qsgd-light"] * 2 + ["none"],
+                            "seed": [0, 2, 1]})
+    lstm = zoo.not_run(numbers)["lstm"]
+    assert "qsgd-light (seed 1)" in lstm and "none (seeds 0, 2)" in lstm
+    assert "qsgd-heavy" in lstm and "resnet18" in zoo.not_run(numbers)
