@@ -279,13 +279,27 @@ def leaderboard_markdown(table: pd.DataFrame) -> str:
             "Gbit sent (paper)": rows["gbit"].map(lambda v: f"{v:.3g}"),
             "Gbit sent (wire)": rows["wire_gbit"].map(lambda v: f"{v:.3g}"),
             "s / epoch (measured)": rows["epoch_s"].map(lambda v: f"{v:.2f}"),
-            f"s / epoch (link, ratio {RATIO:g})": rows["link_epoch_s"].map(lambda v: f"{v:.2f}"),
+            f"s / epoch (link, ratio {RATIO:g})": rows["link_epoch_s"].map(
+                lambda v: NO_COMPUTE if math.isnan(v) else f"{v:.2f}"),
             "s to light's accuracy (link)": [
-                "never" if n == 0 else f"{t:.1f}" + ("" if n == s else f" ({n} of {s} seeds)")
-                for t, n, s in zip(rows["tta_s"], rows["reached"], rows["seeds"], strict=True)],
+                _time_to_text(*row) for row in zip(rows["tta_s"], rows["reached"],
+                                                    rows["seeds"], rows["link_epoch_s"],
+                                                    strict=True)],
             "seeds": rows["seeds"]})
         parts += [f"### {model}", "", markdown(shown)]
     return "\n".join(parts)
+
+
+NO_COMPUTE = "n/a (no none run)"  # the link's time needs the compute: the none run's epoch
+
+
+def _time_to_text(seconds: float, reached: int, seeds: int, link_epoch_s: float) -> str:
+    """The time to the light level's accuracy, over the seeds that reached it."""
+    if math.isnan(link_epoch_s):
+        return NO_COMPUTE
+    if reached == 0:
+        return "never"
+    return f"{seconds:.1f}" + ("" if reached == seeds else f" ({reached} of {seeds} seeds)")
 
 
 def recovery_markdown(table: pd.DataFrame) -> str:

@@ -212,3 +212,16 @@ def test_a_missing_seed_is_named_with_its_method() -> None:
     lstm = zoo.not_run(numbers)["lstm"]
     assert "qsgd-light (seed 1)" in lstm and "none (seeds 0, 2)" in lstm
     assert "qsgd-heavy" in lstm and "resnet18" in zoo.not_run(numbers)
+
+
+def test_without_the_none_run_the_link_s_times_are_not_available_rather_than_never(
+        tmp_path: Path) -> None:
+    write_records(tmp_path / "runs")
+    for seed_dir in (tmp_path / "runs").rglob("seed*"):
+        if "/none/" in str(seed_dir):
+            (seed_dir / "summary.json").unlink()
+            (seed_dir / "metrics.jsonl").unlink()
+    zoo.main(["report", str(tmp_path / "runs"), "--scale", "tiny", "--out", str(tmp_path / "out")])
+    row = next(line for line in (tmp_path / "out" / "leaderboard.md").read_text().splitlines()
+               if "| qsgd-light |" in line)
+    assert row.count(zoo.NO_COMPUTE) == 2 and "never" not in row
