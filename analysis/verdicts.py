@@ -119,6 +119,12 @@ def own_verdicts(path: str | Path | None = None) -> dict[str, str]:
     return dict(document.get("own_verdicts") or {})
 
 
+def load_margins(path: str | Path | None = None) -> dict[str, float]:
+    """The claims file's named margins (``margins``: name -> value), each with its source there."""
+    path = Path(path) if path is not None else CLAIMS_FILE
+    return _margins(yaml.safe_load(path.read_text()).get("margins") or {}, path)
+
+
 def load_claims(path: str | Path | None = None) -> list[Claim]:
     """The claims of ``path`` (default :data:`CLAIMS_FILE`), templates expanded; a
     ConfigError (one line naming the file, the claim and the field) on anything malformed."""

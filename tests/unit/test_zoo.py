@@ -149,11 +149,14 @@ def test_the_recovery_answers_with_intervals_over_seeds(reported: Path) -> None:
 
 
 def test_the_recovery_needs_fewer_bits_and_two_seeds() -> None:
-    assert zoo.answer((0.1, -0.2, 0.4), (0.7, 0.6, 0.8)) == "yes"
-    assert zoo.answer((-0.1, -0.4, 0.2), (0.7, 0.6, 0.8)) == "yes"  # a loss the seeds can't tell
-    assert zoo.answer((0.1, -0.2, 0.4), (0.95, 0.9, 1.02)) == "no: not fewer bits"
-    assert zoo.answer((-1.0, -1.5, -0.5), (0.7, 0.6, 0.8)) == "no: loses accuracy"
-    assert zoo.answer((0.1, math.nan, math.nan), (0.7, math.nan, math.nan)).startswith("n/a")
+    assert zoo.answer((0.1, -0.2, 0.4), (0.7, 0.6, 0.8), 1.12) == "yes"
+    assert zoo.answer((-0.1, -0.4, 0.2), (0.7, 0.6, 0.8), 1.12) == "yes"  # within the margin
+    assert zoo.answer((-0.1, -0.4, 0.2), (0.7, 0.6, 0.8), 0.0).startswith("can't tell")
+    assert zoo.answer((0.1, -0.2, 0.4), (0.95, 0.9, 1.02), 1.12) == "no: not fewer bits"
+    assert zoo.answer((-2.0, -2.5, -1.5), (0.7, 0.6, 0.8), 1.12) == "no: loses accuracy"
+    assert zoo.answer((-1.0, -1.5, -0.5), (0.7, 0.6, 0.8), 1.12).startswith("can't tell")
+    assert zoo.answer((-1.2, -1.5, -1.12), (0.7, 0.6, 0.8), 1.12) == "no: loses accuracy"
+    assert zoo.answer((0.1, math.nan, math.nan), (0.7, math.nan, math.nan), 0).startswith("n/a")
     assert zoo.interval(pd.Series([1.0, 2.0, 3.0])) == pytest.approx(
         (2.0, 2.0 - 4.303 / math.sqrt(3), 2.0 + 4.303 / math.sqrt(3)))
 
