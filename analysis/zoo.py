@@ -297,7 +297,7 @@ def leaderboard_markdown(table: pd.DataFrame) -> str:
                                                     rows["seeds"], rows["link_epoch_s"],
                                                     strict=True)],
             "seeds": rows["seeds"]})
-        parts += [f"### {model}", "", markdown(shown)]
+        parts += [f"**{model}**", "", markdown(shown), ""]
     return "\n".join(parts)
 
 
