@@ -50,7 +50,7 @@ from compression import _adacomp_kernel as _kernel
 from compression import register
 from compression._adacomp_kernel import GROUP, group_bytes
 from compression._native import usable
-from compression.base import Compressor, Layer, Scratch, Sent
+from compression.base import Compressor, Layer, Scratch, Sent, divisor
 from compression.comm import Comm, Steps
 from compression.exchange import gather, layout, outbox, pack_bits, unpack_bits
 from compression.memory import ErrorFeedback
@@ -93,7 +93,7 @@ def pairwise_mean(x: torch.Tensor) -> torch.Tensor:
         if total.numel() % 2:
             total = torch.cat([total, total.new_zeros(1)])
         total = total[0::2] + total[1::2]
-    return total.sum() / n
+    return total.sum() / divisor(total, n)
 
 
 @register("adacomp")
@@ -188,7 +188,8 @@ class AdaComp(Compressor):
         if lib is not None:                         # out = sum_w sign s_w / W, in one pass
             _kernel.decompress(lib, outs, [x.level for x in layers], parts, offsets, sizes)
             return
-        values = (parts[:, :4 * n_layers].contiguous().view(torch.float32) / world).T  # s_w / W
+        scales = parts[:, :4 * n_layers].contiguous().view(torch.float32)
+        values = (scales / divisor(scales, world)).T  # s_w / W
         for layer, out, at, size, value in zip(layers, outs, offsets, sizes, values,
                                                strict=True):
             n = out.numel()

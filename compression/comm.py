@@ -27,6 +27,10 @@ from torch.distributed import ProcessGroup
 from torch.futures import Future
 
 T = TypeVar("T")
+# One output tensor for every worker's input: torch 2.14 names it all_gather_single and deprecates
+# all_gather_into_tensor, its name since torch 2.0 (the same collective); older torches, as GPU
+# images often have (2.11 on the H200 of results/bench/smoke_gpu.md), know only the old name.
+_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class Pending(NamedTuple):
@@ -80,7 +84,7 @@ class GroupComm:
     def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> Pending:
         if out is None:
             out = tensor.new_empty(self.world_size * tensor.numel())
-        work = dist.all_gather_single(out, tensor, group=self.group, async_op=True)
+        work = _ALL_GATHER_SINGLE(out, tensor, group=self.group, async_op=True)
         return Pending(work.get_future(), out)
 
 

@@ -42,7 +42,7 @@ import torch
 
 from compression import natural as nat
 from compression import register, rng
-from compression.base import Layer, Sent
+from compression.base import Layer, Sent, divisor
 from compression.comm import Comm, Steps
 from compression.exchange import GatherCompressor
 from compression.memory import ErrorFeedback
@@ -121,7 +121,7 @@ class DGC(rng.Stochastic, GatherCompressor):
             values = (nat.decode(part[4 * k:], k) if self.natural
                       else part[4 * k:8 * k].view(torch.float32))
             out.index_add_(0, part[:4 * k].view(torch.int32), values)
-        out.div_(parts.shape[0])                                               # o = mean
+        out.div_(divisor(out, parts.shape[0]))                                 # o = mean
         if self.momentum:                                                      # o_t - m o_{t-1}
             previous = self._previous.buffer(layer, out.numel(), out)
             current = out.clone()

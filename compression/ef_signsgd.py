@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from compression import register
-from compression.base import Layer
+from compression.base import Layer, divisor
 from compression.exchange import GatherCompressor, pack_bits, unpack_bits
 from compression.memory import ErrorFeedback
 from core.errors import check_bool, check_int
@@ -61,7 +61,7 @@ class EFSignSGD(GatherCompressor):
         padded = acc.new_zeros(blocks * layer.level)
         padded[:acc.numel()] = acc.abs()
         counts = acc.new_full((blocks,), layer.level)
-        counts[-1] = acc.numel() - (blocks - 1) * layer.level
+        counts[-1:].fill_(acc.numel() - (blocks - 1) * layer.level)  # a fill: no copy, no sync
         scale = message[:4 * blocks].view(torch.float32)
         torch.div(padded.view(blocks, -1).sum(1), counts, out=scale)  # s_b
         negative = acc < 0
@@ -76,7 +76,7 @@ class EFSignSGD(GatherCompressor):
         for part in parts:                                          # sum_w s_w sign_w
             negative = unpack_bits(part[4 * blocks:], out.numel())
             out.add_(_signed(part[:4 * blocks].view(torch.float32), negative, layer.level))
-        out.div_(parts.shape[0])                                    # / W
+        out.div_(divisor(out, parts.shape[0]))                      # / W
 
 
 def _signed(scale: torch.Tensor, negative: torch.Tensor, block: int) -> torch.Tensor:

@@ -48,7 +48,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed import ProcessGroup
 from torch.futures import Future
 
-from compression.base import Compressor, Layer, Sent
+from compression.base import Compressor, Layer, Sent, divisor
 from compression.comm import Comm, GroupComm, Pending, Steps, drive
 from compression.overlap import OverlapProbe
 from compression.stats import FP32_BITS, EpochStats
@@ -73,7 +73,7 @@ def aggregate_bucket(compressor: Compressor, dense: list[torch.Tensor], layers: 
     sent = (yield from compressor.aggregate(layers, grads, comm)) if layers else []
     if flat is None:
         return sent
-    mean = (yield reduced).div_(world)
+    mean = (yield reduced).div_(divisor(flat, world))
     if len(dense) > 1:
         torch._foreach_copy_(dense, _unflatten_dense_tensors(mean, dense))
     bits = FP32_BITS * flat.numel()

@@ -28,7 +28,7 @@ import math
 import torch
 
 from compression import register, rng
-from compression.base import Layer
+from compression.base import Layer, divisor
 from compression.exchange import GatherCompressor, pack_bits, unpack_bits
 from core.errors import check_int
 
@@ -92,4 +92,4 @@ class NaturalCompression(rng.Stochastic, GatherCompressor):
         out.zero_()
         for part in parts:                                             # sum_w C_nat(g_w)
             out.add_(decode(part, out.numel()))
-        out.div_(parts.shape[0])                                       # / W
+        out.div_(divisor(out, parts.shape[0]))                         # / W

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from compression import blocks, register
-from compression.base import Layer
+from compression.base import Layer, divisor
 from compression.exchange import GatherCompressor, pack_bits, unpack_bits
 from compression.memory import ErrorFeedback
 from core.errors import check_int
@@ -79,7 +79,7 @@ class OneBitSGD(GatherCompressor):
         for part in parts:                                               # sum_w decoded_w
             values = part[:8 * count].view(torch.float32).view(2, count)
             out.add_(_decoded(values, unpack_bits(part[8 * count:], n), layer.level))
-        out.div_(parts.shape[0])                                         # / W
+        out.div_(divisor(out, parts.shape[0]))                           # / W
 
 
 def _decoded(values: torch.Tensor, q: torch.Tensor, block: int) -> torch.Tensor:

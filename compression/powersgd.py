@@ -53,7 +53,7 @@ import torch
 from compression import _powersgd_kernel as _kernel
 from compression import register
 from compression._native import usable
-from compression.base import Compressor, Layer, Sent
+from compression.base import Compressor, Layer, Sent, divisor
 from compression.comm import Comm, Steps
 from compression.memory import ErrorFeedback
 from compression.stats import FP32_BITS
@@ -174,7 +174,7 @@ class PowerSGD(Compressor):
 
         offset = p_size
         for _, grad in dense:
-            torch.div(flat_p[offset:offset + grad.numel()], world, out=grad)
+            torch.div(flat_p[offset:offset + grad.numel()], divisor(flat_p, world), out=grad)
             offset += grad.numel()
         for _, run in groupby(factors, key=lambda f: (f.grad.shape[0], f.r)):
             orthogonalize(_stack_p(list(run)))    # P = orthogonalize(P), one batch per (n, r)
@@ -187,7 +187,7 @@ class PowerSGD(Compressor):
         self._back(lib, factors, mats)            # Q = M^T P (as Q^T = P^T M)
 
         yield comm.all_reduce(flat_q)
-        flat_q.div_(world)                        # Q = all_reduce(Q) / W
+        flat_q.div_(divisor(flat_q, world))       # Q = all_reduce(Q) / W
 
         self._expand(lib, factors, mats)          # out = P Q^T; e = M - P Q^T
         for f in factors:

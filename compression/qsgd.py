@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from compression import blocks, register, rng
-from compression.base import Layer
+from compression.base import Layer, divisor
 from compression.exchange import GatherCompressor, pack_bits, unpack_bits
 from core.errors import check_int
 
@@ -47,7 +47,8 @@ def _omega_lengths(top: int) -> list[int]:
     return lengths
 
 
-OMEGA = torch.tensor(_omega_lengths(64))  # every length of a digit count - 1 (int64: <= 63)
+OMEGA = {torch.device("cpu"): torch.tensor(_omega_lengths(64))}  # per device, copied once
+# (a copy to the GPU waits for it): every length of a digit count - 1 (int64: <= 63)
 
 
 def omega_bits(k: torch.Tensor) -> torch.Tensor:
@@ -55,17 +56,27 @@ def omega_bits(k: torch.Tensor) -> torch.Tensor:
     k > 1 the binary digits of k, then k = (their count) - 1. So for k > 1 it is the digits of
     k plus the length for (digits - 1), at most 63: one table look-up."""
     digits = torch.frexp(k.double()).exponent.long()  # floor(log2 k) + 1
-    return torch.where(k > 1, digits + OMEGA.to(k.device)[(digits - 1).clamp_(min=0)], 1)
+    if k.device not in OMEGA:
+        OMEGA[k.device] = OMEGA[torch.device("cpu")].to(k.device)
+    return torch.where(k > 1, digits + OMEGA[k.device][(digits - 1).clamp_(min=0)], 1)
 
 
-def code_bits(codes: torch.Tensor, bucket: int) -> int:
+def code_bits(codes: torch.Tensor, bucket: int) -> int | torch.Tensor:
     """Code_s's bits for the flat levels ``codes`` (s xi_i) in buckets of ``bucket``, norms
-    left out: per non-zero, Elias(gap) + 1 sign bit + Elias(level)."""
-    at = codes.nonzero().squeeze(1)
+    left out: per non-zero, Elias(gap) + 1 sign bit + Elias(level). On CUDA a 0-d tensor on the
+    device (no host sync per step: the hook reads it once an epoch), else an int.
+
+    The gap is to the previous non-zero of the bucket (the running maximum of the non-zeros'
+    positions, a scan without ``nonzero``), or from the bucket's start for its first one."""
+    at = torch.arange(codes.numel(), device=codes.device)
+    kept = codes != 0
+    last = torch.where(kept, at, -1).cummax(0).values                  # last non-zero <= i
+    previous = torch.cat([last.new_full((1,), -1), last[:-1]])          # last non-zero < i
     start = at - at % bucket
-    previous = torch.cat([at.new_tensor([-1]), at[:-1]])
     gap = torch.where(previous >= start, at - previous, at - start + 1)
-    return int((omega_bits(gap) + 1 + omega_bits(codes[at].long())).sum())
+    each = omega_bits(gap) + 1 + omega_bits(codes.long().clamp(min=1))
+    total = torch.where(kept, each, 0).sum()
+    return total if total.is_cuda else int(total)
 
 
 @register("qsgd")
@@ -127,7 +138,7 @@ class QSGD(rng.Stochastic, GatherCompressor):
                                               n).int() << bit)
             value = blocks.spread(part[:4 * count].view(torch.float32) / s, d, n) * codes
             out.add_(torch.where(unpack_bits(planes[:width], n), -value, value))  # sgn(v_i)
-        out.div_(parts.shape[0])                                        # / W
+        out.div_(divisor(out, parts.shape[0]))                          # / W
 
     def _bucket(self, numel: int) -> int:
         return min(self.bucket_size or numel, numel)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from compression import register, rng
-from compression.base import Compressor, Layer, Sent
+from compression.base import Compressor, Layer, Sent, divisor
 from compression.comm import Comm, Steps
 from compression.memory import ErrorFeedback
 from compression.topk import kept
@@ -69,7 +69,7 @@ class RandomK(rng.Stochastic, Compressor):
             chosen.append(index)
             at += k
         yield comm.all_reduce(values)
-        values.div_(comm.world_size)                                       # o_S
+        values.div_(divisor(values, comm.world_size))                         # o_S
         at = 0
         for g, index, k in zip(grads, chosen, ks, strict=True):
             g.view(-1).zero_().index_copy_(0, index, values[at:at + k])

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from compression import blocks, register, rng
-from compression.base import Compressor, Layer, Scratch, Sent
+from compression.base import Compressor, Layer, Scratch, Sent, divisor
 from compression.comm import Comm, Steps
 from compression.exchange import gather, layout, outbox, pack_bits, unpack_bits
 from core.errors import check_int, check_number
@@ -94,7 +94,7 @@ class TernGrad(rng.Stochastic, Compressor):
                 negative = unpack_bits(part[at + width:at + 2 * width], n)
                 b = unpack_bits(part[at:at + width], n).float()
                 votes += torch.where(negative, -b, b)
-            torch.mul(votes, s / comm.world_size, out=out)             # s / W sum_w ...
+            torch.mul(votes, s / divisor(s, comm.world_size), out=out)  # s / W sum_w ...
         return [Sent(self.step_bits(x.shape, x.level), 32 * count + 16 * width)
                 for x, count, width in zip(layers, counts, widths, strict=True)]
 
@@ -102,5 +102,6 @@ class TernGrad(rng.Stochastic, Compressor):
         """g clipped to +-c sigma (a copy; the gradient itself unless ``clip`` is set)."""
         if self.clip is None:
             return g
-        bound = self.clip * float(g.std(correction=0))
+        # c sigma in float64 on the device, as float(sigma) * c on the host gave (no host sync)
+        bound = (g.std(correction=0).double() * self.clip).to(g.dtype)
         return g.clamp(-bound, bound)

@@ -80,7 +80,10 @@ class Classification(Task):
         self.set_batch_size(batch_size)
         shard = Subset(bundle.test, range(env.rank, len(bundle.test), env.world_size))
         self.test_loader = DataLoader(shard, eval_batch_size, num_workers=self.num_workers,
-                                      pin_memory=device.type == "cuda")
+                                      pin_memory=device.type == "cuda",
+                                      persistent_workers=self.num_workers > 0,
+                                      multiprocessing_context=worker_start(device,
+                                                                           self.num_workers))
 
     def set_batch_size(self, batch_size: int) -> None:
         """Use global batch ``batch_size`` from the next epoch on (rebuilds the loader)."""
@@ -92,6 +95,8 @@ class Classification(Task):
                                        sampler=self.sampler, num_workers=self.num_workers,
                                        drop_last=True, pin_memory=self.device.type == "cuda",
                                        persistent_workers=self.num_workers > 0,
+                                       multiprocessing_context=worker_start(
+                                           self.device, self.num_workers),
                                        generator=self.loader_rng)
 
     def probe_batch(self) -> Any:
@@ -297,6 +302,20 @@ def data_workers(requested: int | None, device: torch.device, env: DistEnv,
     if device.type != "cuda" or env.launcher == "simulated":
         return 0
     return max(rank_cpus(environ) - 1, 0)
+
+
+def worker_start(device: torch.device, workers: int) -> str | None:
+    """How a loader's worker processes start: ``forkserver`` beside a CUDA device, else the
+    platform's default (fork on Linux).
+
+    PyTorch's multiprocessing notes: "The CUDA runtime does not support the fork start method;
+    either the spawn or forkserver start method are required to use CUDA in subprocesses". A
+    forked worker holds the parent's CUDA tensors, and freeing one there (its garbage collector)
+    aborts it: on an H200, every run with workers stopped at its first evaluation with "CUDA
+    error: initialization error" (results/bench/smoke_gpu.md). A forkserver's workers are forked
+    from a fresh process, and get the dataset pickled (tensors through shared memory).
+    """
+    return "forkserver" if workers > 0 and device.type == "cuda" else None
 
 
 def rank_cpus(environ: Mapping[str, str] = os.environ) -> int:

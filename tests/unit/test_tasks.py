@@ -23,6 +23,7 @@ from torch.utils.data import TensorDataset
 from core.distributed import DistEnv
 from core.errors import ConfigError
 from data import DataBundle
+from training import tasks
 from training.tasks import (
     Classification,
     LanguageModel,
@@ -136,10 +137,26 @@ def test_loaders_use_the_configured_workers_and_pin_memory_only_for_cuda(device)
         task.set_batch_size(batch_size)
         for loader in (task.train_loader, task.test_loader):
             assert loader.num_workers == 1 and loader.pin_memory is (device == "cuda")
-        assert task.train_loader.persistent_workers is True  # workers kept across epochs
+            assert loader.persistent_workers is True  # workers kept across epochs
+            start = loader.multiprocessing_context  # CUDA: never fork (training/tasks.py)
+            assert (start.get_start_method() if start else None) == (
+                "forkserver" if device == "cuda" else None)
     if device == "cpu":  # a worker process yields the batches the main process would
         assert ids(task.batches(0)) == ids(classification(batch_size=5).batches(0))
     assert classification().train_loader.persistent_workers is False  # no workers to keep
+
+
+@pytest.mark.slow  # ~3 s: a forkserver and its worker start
+def test_workers_started_as_beside_a_gpu_yield_the_main_processes_batches(monkeypatch):
+    # the loaders a CUDA rank makes (workers from a forkserver, the dataset pickled to them),
+    # here on the CPU: the same batches, epoch after epoch, and the same evaluation
+    monkeypatch.setattr(tasks, "worker_start", lambda device, n: "forkserver" if n else None)
+    bundle = DataBundle("classification", 4, images(20), images(7, seed=1))
+    task = Classification(bundle, env(), 4, 3, 1, 0, CPU)
+    plain = classification()
+    for epoch in (0, 1):
+        assert ids(task.batches(epoch)) == ids(plain.batches(epoch))
+    assert ids(task.test_loader) == ids(plain.test_loader)
 
 
 # ---- data-loading workers (trainer.num_workers: null by default) ------------------------------
