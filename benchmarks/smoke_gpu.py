@@ -2,6 +2,7 @@
 
     make smoke-gpu                                   # or: .venv/bin/python -m benchmarks.smoke_gpu
     .venv/bin/python -m benchmarks.smoke_gpu --compressors topk adacomp        # a part of it
+    .venv/bin/python -m benchmarks.smoke_gpu --jobs 6     # 6 compressors' runs at once (big box)
 
 Where torch sees no CUDA device it says so in one line and exits 0. Otherwise, one rank per
 local GPU (NCCL), for every compressor (under Accordion with its levels switched at every epoch
@@ -39,6 +40,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +93,8 @@ def launch(args: list[str], run_dir: Path, ranks: int) -> subprocess.CompletedPr
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={ranks}", "run.py", *args, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-           "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+           "WANDB_MODE": "offline",
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     try:
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=LAUNCH_TIMEOUT_S)
@@ -105,8 +108,11 @@ def _rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _failure(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-    return f"exit {proc.returncode}: {lines[-1] if lines else 'no output'}"
+    """The exit status and the last line that names an error (torchrun ends on a rule of '=')."""
+    lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error:" in line]
+    last = (errors or lines or ["no output"])[-1]
+    return f"exit {proc.returncode}: {last}".replace("|", "/")
 
 
 def planned_levels(name: str, rows: list[dict[str, Any]]) -> str | None:
@@ -139,9 +145,10 @@ def first_difference(a: Path, b: Path) -> str | None:
     return None
 
 
-def run_and_resume(name: str, ranks: int, device: str, out: Path) -> list[Row]:
-    """Checks 1 and 2 for compressor ``name``."""
-    args = [*RUN, f"compressor={name}", f"trainer.device={device}",
+def run_and_resume(name: str, ranks: int, device: str, out: Path,
+                   overrides: tuple[str, ...] = ()) -> list[Row]:
+    """Checks 1 and 2 for compressor ``name`` (``overrides``: more of run.py's, appended)."""
+    args = [*RUN, *overrides, f"compressor={name}", f"trainer.device={device}",
             f"trainer.batch_size={32 * ranks}", f"dataset.subset={max(512, 64 * ranks)}",
             *(ACCORDION if compression.create(name).accordion_levels else ["scheduler=static"])]
     straight, resumed = out / name / "straight", out / name / "resumed"
@@ -323,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
                         choices=compression.available())
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: check this script on 2 CPU ranks (nothing is written)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="compressors whose run and resume go at once (each its own "
+                             "torchrun on the same GPUs; more CPU cores than ranks x jobs)")
+    parser.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="run.py overrides for checks 1 and 2 (e.g. trainer.num_workers=0 "
+                             "where /dev/shm is too small for DataLoader workers)")
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.device == "cuda" and gpus == 0:
@@ -332,10 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = args.device == "cuda"
     ranks = gpus if on_gpu else 2
     started, rows = time.monotonic(), []
-    with tempfile.TemporaryDirectory(prefix="smoke-gpu-") as tmp:
-        for name in args.compressors:
-            rows += run_and_resume(name, ranks, args.device, Path(tmp))
-            print(*table(rows[-2:])[2:], sep="\n", flush=True)
+    with tempfile.TemporaryDirectory(prefix="smoke-gpu-") as tmp, \
+            ThreadPoolExecutor(args.jobs) as pool:  # each job its own torchrun processes
+        for found in pool.map(lambda n: run_and_resume(n, ranks, args.device, Path(tmp),
+                                                       tuple(args.override)), args.compressors):
+            rows += found
+            print(*table(found)[2:], sep="\n", flush=True)
     rows += sync_rows(args.compressors, ranks) if on_gpu else \
         [Row("syncs", name, "skip", "CUDA only") for name in args.compressors]
     if on_gpu and gpus < 2:
