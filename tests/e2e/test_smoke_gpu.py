@@ -16,11 +16,12 @@ from tests.conftest import ROOT
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: it would run the smoke")
 def test_without_a_gpu_it_skips_in_one_line():
+    before = smoke_gpu.OUT.read_bytes() if smoke_gpu.OUT.exists() else None  # a GPU's report
     proc = subprocess.run([sys.executable, "-m", "benchmarks.smoke_gpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("smoke-gpu: skipped: ") and proc.stdout.count("\n") == 1
-    assert not smoke_gpu.OUT.exists() or "skipped" not in smoke_gpu.OUT.read_text()
+    assert (smoke_gpu.OUT.read_bytes() if smoke_gpu.OUT.exists() else None) == before  # kept
 
 
 def _run(path, rows, weights):
@@ -61,3 +62,15 @@ def test_the_checks_run_on_two_cpu_ranks(capsys):
     for check in ("run", "resume", "nccl-vs-gloo"):
         assert f"| {check} | topk | pass |" in out
     assert "levels 0.99, 0.99, 0.1, 0.99" in out and "| syncs | topk | skip |" in out
+
+
+def test_a_failed_launch_reports_its_error_not_torchruns_rule():
+    stderr = ("Traceback (most recent call last):\n  File \"run.py\", line 9\n"
+              "AttributeError: module 'torch.distributed' has no attribute 'x'\n"
+              "[rank0]: ChildFailedError: run.py FAILED\n" + "=" * 60
+              + "\nFailures:\n  <NO_OTHER_FAILURES>\n" + "=" * 60 + "\n")
+    proc = subprocess.CompletedProcess([], 1, "", stderr)
+    assert smoke_gpu._failure(proc) == "exit 1: [rank0]: ChildFailedError: run.py FAILED"
+    bare = subprocess.CompletedProcess([], 124, "", "timed out after 300 s")
+    assert smoke_gpu._failure(bare) == "exit 124: timed out after 300 s"
+    assert smoke_gpu._failure(subprocess.CompletedProcess([], 1, "a | b\n", "")) == "exit 1: a / b"
