@@ -54,6 +54,7 @@ import compression
 import models
 from benchmarks.ranks import run_ranks
 from compression.hook import HookState, comm_hook
+from core import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "bench" / "smoke_gpu.md"
@@ -311,9 +312,7 @@ def machine() -> list[str]:
     """What ran the checks."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip() or "unknown"
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                             capture_output=True, text=True).stdout.strip()
-    commit += " with uncommitted changes" if changed else ""
+    commit += " with uncommitted changes" if provenance.code_changed(ROOT) else ""
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if gpus else "-"
     return [f"- commit {commit}, {time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}",
