@@ -49,7 +49,6 @@ BAND_ALPHA = 0.2  # a spread over seeds
 MARKS = 10  # about as many markers on a line, whatever its number of points
 STRIP = 0.05  # the height of a strip of shaded epochs (axes fraction)
 LOG_SPAN = 10.0  # an axis goes log where its largest value is at least this times its smallest
-GOLDEN = (5 ** 0.5 - 1) / 2  # a turn of the colour wheel between neighbouring series
 ORDER = (0, 1, 2, 4, 3, 9, 5, 7, 6, 8)  # blue, orange, green, purple, vermilion, sky, ...
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # 7 markers, 10 colours: 70 distinct pairs
 DASHES = {"ours": "-", "authors": "--"}  # other variants: the next of MORE_DASHES
@@ -75,13 +74,14 @@ def label(key: str, prefix: str = "") -> str:
 
 def colors(n: int) -> list[tuple[float, float, float]]:
     """``n`` discrete colours: the colour-blind palette's ten (in :data:`ORDER`: the first few
-    far apart); beyond ten series, hues a golden-ratio turn apart at alternating lightness, so
-    that neighbours in the list differ most."""
+    far apart); beyond ten series, ``n`` hues evenly around the wheel at three lightnesses in
+    turn, so that the nearest hues (the last and the first too) also differ in lightness (a
+    golden-ratio turn between neighbours put the 1st and the 9th of fifteen on one hue and one
+    lightness)."""
     base = sns.color_palette(THEME["palette"], 10)
     if n <= len(base):
         return [base[i] for i in ORDER][:n]
-    return [sns.husl_palette(1, h=(i * GOLDEN) % 1, l=0.45 if i % 2 else 0.68)[0]
-            for i in range(n)]
+    return [sns.husl_palette(1, h=i / n, l=(0.45, 0.62, 0.78)[i % 3])[0] for i in range(n)]
 
 
 class Looks:
