@@ -25,16 +25,17 @@ from compression.memory import ErrorFeedback
 from core.errors import ConfigError
 
 
-def divisor(like: torch.Tensor, value: float) -> torch.Tensor:
-    """``value`` as a 0-d tensor on ``like``'s device and of its dtype, to divide by.
+def divisor(like: torch.Tensor, value: float) -> float | torch.Tensor:
+    """``value`` to divide ``like`` by, so that every device rounds the true quotient: the number
+    itself on the CPU (which divides by it exactly, with no tensor made on the hook's path), a
+    0-d tensor of ``like``'s dtype on its CUDA device.
 
     Divided by a host number, a CUDA tensor is multiplied by its reciprocal instead (ATen's
     ``div_true_kernel_cuda`` for a CPU-scalar divisor, said there to lose a bit), which is one
     ulp off the CPU's quotient unless ``value`` is a power of 2: the mean over W = 3 workers
-    differed from the CPU's on an H200 (results/bench/smoke_gpu.md). Divided by a tensor on its
-    own device, every device rounds the true quotient, as the CPU does for either.
+    differed from the CPU's on an H200 (results/bench/gpu/divide.txt).
     """
-    return like.new_full((), value)
+    return like.new_full((), value) if like.is_cuda else value
 
 
 @dataclass
