@@ -58,6 +58,7 @@ import compression
 import models
 from benchmarks.netns import lo_tx_bytes
 from benchmarks.ranks import run_ranks
+from compression.comm import all_gather_single
 from compression.hook import comm_hook
 
 BUCKET_CAP_MB = 25  # run.py's default (conf/trainer/default.yaml)
@@ -148,7 +149,8 @@ def observe_collectives(dispatch: Dispatch) -> None:
         return call
 
     dist.all_reduce = observed(dist.all_reduce, "all_reduce", 0, "tensor")
-    dist.all_gather_single = observed(dist.all_gather_single, "all_gather", 1, "input")
+    if hasattr(dist, "all_gather_single"):  # torch >= 2.14 (compression.comm.all_gather_single)
+        dist.all_gather_single = observed(dist.all_gather_single, "all_gather", 1, "input")
     dist.all_gather_into_tensor = observed(dist.all_gather_into_tensor, "all_gather", 1,
                                            "input_tensor")
 
@@ -352,7 +354,7 @@ class Rank:
         times: dict[str, list[float]] = {"all_reduce": [], "all_gather": []}
         for _ in range(LATENCY_REPEATS):
             for op, call in (("all_reduce", lambda: dist.all_reduce(one, group=self.group)),
-                             ("all_gather", lambda: dist.all_gather_single(
+                             ("all_gather", lambda: all_gather_single(
                                  out, one, group=self.group))):
                 dist.barrier()
                 self.sync()

@@ -30,7 +30,15 @@ T = TypeVar("T")
 # One output tensor for every worker's input: torch 2.14 names it all_gather_single and deprecates
 # all_gather_into_tensor, its name since torch 2.0 (the same collective); older torches, as GPU
 # images often have (2.11 on the H200 of results/bench/smoke_gpu.md), know only the old name.
-_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# Looked up at each call, so whatever wraps torch.distributed's collectives (benchmarks.e2e_ranks
+# counts them) sees this one too.
+
+
+def all_gather_single(out: torch.Tensor, tensor: torch.Tensor, group: ProcessGroup | None = None,
+                      async_op: bool = False) -> Any:
+    """``out`` = every worker's ``tensor`` in rank order, under this torch's name for it."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(out, tensor, group=group, async_op=async_op)
 
 
 class Pending(NamedTuple):
@@ -84,7 +92,7 @@ class GroupComm:
     def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> Pending:
         if out is None:
             out = tensor.new_empty(self.world_size * tensor.numel())
-        work = _ALL_GATHER_SINGLE(out, tensor, group=self.group, async_op=True)
+        work = all_gather_single(out, tensor, group=self.group, async_op=True)
         return Pending(work.get_future(), out)
 
 
