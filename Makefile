@@ -47,7 +47,7 @@ SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
-	bench-e2e bench-numerics bench-portable-step bench-tiny-profile bench-tiny-speed bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
+	bench-e2e bench-numerics bench-portable-step bench-test-time bench-tiny-profile bench-tiny-speed bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
 	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines slurm-up slurm-down test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
@@ -117,18 +117,21 @@ docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/c
 	$(PY) -m tools.docs stage build/docs-src
 	$(PY) -m mkdocs build --strict --quiet
 
-# make test: the in-process tests (tests/unit) on TEST_WORKERS pytest-xdist workers, a file per
-# worker; then the tests that start ranks, sweeps or make (tests/ranks, tests/e2e), one at a time,
-# since their processes take the machine's cores themselves.
+# make test: the in-process tests (tests/unit), then the tests that start ranks, sweeps or make
+# (tests/ranks, tests/e2e), each on TEST_WORKERS pytest-xdist workers, a file per worker. Two at a
+# time suits the second part too: one such test leaves a third of 2 cores idle (process starts,
+# rendezvous, waits on peers and timeouts), two keep them busy (results/bench/test_time.md).
 TEST_WORKERS ?= 2
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it [TEST_WORKERS=2]
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=5 tests/unit $(PYTEST_FLAGS)
-	$(PY) -m pytest -q --durations=15 tests/ranks tests/e2e $(PYTEST_FLAGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests/ranks tests/e2e \
+		$(PYTEST_FLAGS)
 
 test-fast: $(VENV_STAMP) ## tests without the slow ones
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests/unit $(PYTEST_FLAGS)
-	$(PY) -m pytest -q -m "not slow" tests/ranks tests/e2e $(PYTEST_FLAGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests/ranks tests/e2e \
+		$(PYTEST_FLAGS)
 
 slurm-up: ## a single-node Slurm on this machine (root, Debian's packages; docs/slurm.md): for launcher=slurm_local and make test-slurm
 	@slurm/up.sh
@@ -159,6 +162,9 @@ bench-portable-step: $(VENV_STAMP) ## where a tiny training step's time goes und
 
 bench-tiny-profile: $(VENV_STAMP) ## where one 2-worker tiny run's time goes (phases), per compressor, as 2 torchrun ranks and as 2 simulated learners [ARGS="--epochs 4"] -> results/bench/tiny_profile.{csv,md}
 	$(PY) -m benchmarks.tiny_profile $(ARGS)
+
+bench-test-time: $(VENV_STAMP) ## make test's two pytest parts timed at 2 and 1 xdist workers, with the machine's busy fraction [ARGS="--runs unit:2 slow:2 slow:1"] -> results/bench/test_time.{csv,md} (~40 min)
+	$(PY) -m benchmarks.test_time $(ARGS)
 
 bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}
 	$(PY) -m benchmarks.tiny_speed $(ARGS)
