@@ -119,8 +119,8 @@ docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/c
 
 # make test: the in-process tests (tests/unit), then the tests that start ranks, sweeps or make
 # (tests/ranks, tests/e2e), each on TEST_WORKERS pytest-xdist workers, a file per worker. Two at a
-# time suits the second part too: one such test leaves a third of 2 cores idle (process starts,
-# rendezvous, waits on peers and timeouts), two keep them busy (results/bench/test_time.md).
+# time suits the second part too: one such test leaves part of 2 cores idle (process starts,
+# rendezvous, waits on peers and timeouts), two keep them busy (make bench-test-time).
 TEST_WORKERS ?= 2
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it [TEST_WORKERS=2]
 	$(PY) -m ruff check .

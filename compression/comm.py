@@ -27,16 +27,18 @@ from torch.distributed import ProcessGroup
 from torch.futures import Future
 
 T = TypeVar("T")
-# One output tensor for every worker's input: torch 2.14 names it all_gather_single and deprecates
-# all_gather_into_tensor, its name since torch 2.0 (the same collective); older torches, as GPU
-# images often have (2.11 on the H200 of results/bench/smoke_gpu.md), know only the old name.
-# Looked up at each call, so whatever wraps torch.distributed's collectives (benchmarks.e2e_ranks
-# counts them) sees this one too.
 
 
 def all_gather_single(out: torch.Tensor, tensor: torch.Tensor, group: ProcessGroup | None = None,
                       async_op: bool = False) -> Any:
-    """``out`` = every worker's ``tensor`` in rank order, under this torch's name for it."""
+    """``out`` = every worker's ``tensor`` in rank order, under this torch's name for it.
+
+    torch 2.14 names it ``all_gather_single`` and deprecates ``all_gather_into_tensor``, its name
+    since torch 2.0 (the same collective); older torches, as GPU images often have (2.11 on the
+    H200 of results/bench/smoke_gpu.md), know only the old name. The name is looked up at each
+    call, so that whatever wraps torch.distributed's collectives (benchmarks.e2e_ranks counts
+    them) sees this one too.
+    """
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(out, tensor, group=group, async_op=async_op)
 
