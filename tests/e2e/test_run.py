@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,19 +45,24 @@ def test_single_process_run_leaves_record(tmp_path):
     assert rows[1]["train/loss"] < rows[0]["train/loss"]
 
 
-@pytest.mark.slow
-def test_two_rank_gloo_run_keeps_ranks_in_sync(tmp_path):
-    proc = run_cli([*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path}"], nproc=2)
-    assert_ok(proc)
-    _check_record(tmp_path, epochs=2, world_size=2)
-    assert not any(p.name.startswith(".hydra") for p in tmp_path.parent.iterdir()
-                   if p != tmp_path)
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-rank gloo run of 3 epochs that nothing stops (read-only: two tests read it)."""
+    run_dir = tmp_path_factory.mktemp("two_rank") / "run"
+    assert_ok(run_cli([*TINY, "trainer.epochs=3", f"hydra.run.dir={run_dir}"], nproc=2))
+    return run_dir
 
 
 @pytest.mark.slow
-def test_resume_is_bit_exact(tmp_path):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert_ok(run_cli([*TINY, "trainer.epochs=3", f"hydra.run.dir={straight}"], nproc=2))
+def test_two_rank_gloo_run_keeps_ranks_in_sync(two_rank_run):
+    _check_record(two_rank_run, epochs=3, world_size=2)
+    assert not any(p.name.startswith(".hydra") for p in two_rank_run.parent.iterdir()
+                   if p != two_rank_run)
+
+
+@pytest.mark.slow
+def test_resume_is_bit_exact(tmp_path, two_rank_run):
+    straight, resumed = two_rank_run, tmp_path / "resumed"
     assert_ok(run_cli([*TINY, "trainer.epochs=1", f"hydra.run.dir={resumed}"], nproc=2))
     assert_ok(run_cli([*TINY, "trainer.epochs=3", "resume=true", f"hydra.run.dir={resumed}"],
                       nproc=2))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import traceback
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ EXTRA = {"topk-authors": ("topk", {"error_feedback": False, "reduce": "sum"}),
 CASES = {**{name: (name, {}) for name in compression.available()}, **EXTRA}
 SHAPES = ((24, 30), (8, 3, 3, 3), (17,))
 WORKERS = 3
+STEPS = 3  # DDP steps of each case's job
 
 
 def levels_of(name: str) -> list[Any]:
@@ -53,7 +55,7 @@ def error_of(sim: compression.Simulation, worker: int) -> torch.Tensor:
     return torch.zeros(sim.shape, dtype=torch.float64) if e is None else e.double()
 
 
-# ---- simulate == DDP, and a checkpoint continues bit for bit (one 2-rank job per case) ------
+# ---- simulate == DDP, and a checkpoint continues bit for bit (every case in one 2-rank job) -
 def _ddp_and_local(model: torch.nn.Module, ddp: DDP, opt: torch.optim.Optimizer, rank: int,
                    steps: int) -> dict[str, Any]:
     """Each step's local gradients (a twin model, no communication) and DDP's aggregate."""
@@ -99,12 +101,43 @@ def _contract(rank: int, world: int, name: str, params: dict, steps: int) -> dic
     return {**out, "stats": state.epoch_stats(), "resume": _resume(cfg, rank)}
 
 
+def _contract_cases(rank: int, world: int, cases: list[str], steps: int) -> dict[str, Any]:
+    """:func:`_contract` for each case in turn (fresh models, hooks and seeds each): its result,
+    or its traceback. After a failure the rank runs no further case (the other rank may be
+    waiting in a collective of the failed one): each of those says so."""
+    out: dict[str, Any] = {}
+    for case in cases:
+        failed = [c for c, r in out.items() if isinstance(r, str)]
+        if failed:
+            out[case] = f"not run: case {failed[0]} failed before it on this rank"
+            continue
+        name, params = CASES[case]
+        try:
+            out[case] = _contract(rank, world, name, params, steps)
+        except Exception:  # noqa: BLE001 (reported by the case's test)
+            out[case] = traceback.format_exc()
+    return out
+
+
+@pytest.fixture(scope="module")
+def contract_jobs(request: pytest.FixtureRequest) -> dict[str, list[Any]]:
+    """The selected cases of the test below on one pair of gloo ranks: starting two ranks (a
+    torch import and DDP's each) costs more than most cases. {case: [rank 0's, rank 1's]}."""
+    test = test_simulate_equals_ddp_and_checkpoints_continue.__name__
+    cases = [item.callspec.params["case"] for item in request.session.items
+             if item.module is request.module and item.originalname == test]
+    ranks = run_ranks(_contract_cases, 2, (cases, STEPS))
+    return {case: [r[case] for r in ranks] for case in cases}
+
+
 @pytest.mark.parametrize("case", [c if c == "topk" else pytest.param(c, marks=pytest.mark.slow)
                                   for c in CASES])
-def test_simulate_equals_ddp_and_checkpoints_continue(case: str) -> None:
+def test_simulate_equals_ddp_and_checkpoints_continue(case: str, contract_jobs) -> None:
     name, params = CASES[case]
-    steps = 3
-    ranks = run_ranks(_contract, 2, (name, params, steps))
+    steps = STEPS
+    ranks = contract_jobs[case]
+    for rank, result in enumerate(ranks):
+        assert not isinstance(result, str), f"rank {rank} failed:\n{result}"
     for layer, p in ranks[0]["params"].items():
         assert np.array_equal(p, ranks[1]["params"][layer]), f"ranks differ on {layer}"
     compressor = compression.create(name, **params)
