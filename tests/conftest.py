@@ -119,21 +119,27 @@ def _close_figures() -> Iterator[None]:
         sys.modules["matplotlib.pyplot"].close("all")
 
 
-@pytest.fixture(scope="session")
-def analysis_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The runs dir of :mod:`tests.analysis_fixture` (read-only: copy it to change it), trained
-    once per pytest run: under pytest-xdist (make test), the first worker to ask trains it in
-    the workers' shared temporary folder while the others wait on a lock, then all read it."""
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+              make: Callable[[Path], Path]) -> Path:
+    """``make(folder)``'s path, made once per pytest run (read-only to its readers: copy it to
+    change it). Under pytest-xdist (make test) the first worker to ask makes it in the workers'
+    shared temporary folder while the others wait on a lock, then all read it; a ``make`` that
+    fails leaves it to the next to ask."""
     from filelock import FileLock
 
+    base = tmp_path_factory.getbasetemp()
+    shared = base if os.environ.get("PYTEST_XDIST_WORKER") is None else base.parent
+    made = shared / f"{name}.made"  # holds the path, once made
+    with FileLock(str(shared / f"{name}.lock")):
+        if not made.exists():
+            made.write_text(str(make(tmp_path_factory.mktemp(name))))
+    return Path(made.read_text())
+
+
+@pytest.fixture(scope="session")
+def analysis_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runs dir of :mod:`tests.analysis_fixture`, trained once per pytest run
+    (:func:`made_once`)."""
     from tests.analysis_fixture import train_fixture_runs
 
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        return train_fixture_runs(tmp_path_factory.mktemp("analysis"))
-    shared = tmp_path_factory.getbasetemp().parent  # the same folder for every worker
-    trained = shared / "analysis_runs"  # holds the path of the runs dir, once trained
-    with FileLock(str(shared / "analysis_runs.lock")):
-        if not trained.exists():
-            runs = train_fixture_runs(tmp_path_factory.mktemp("analysis"))
-            trained.write_text(str(runs))
-    return Path(trained.read_text())
+    return made_once(tmp_path_factory, "analysis", train_fixture_runs)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, TINY, assert_ok, read_rows, run_cli, same_rows
+from tests.conftest import ROOT, TINY, assert_ok, made_once, read_rows, run_cli, same_rows
 from training import checkpoint
 
 TIMEOUT_S = 10  # trainer.dist_timeout_s of these runs
@@ -126,14 +126,21 @@ def end(agent: subprocess.Popen, ranks: dict[int, int]) -> None:
     agent.wait(timeout=60)
 
 
-def seeded_fault(compressor: str, tmp_path: Path) -> tuple[Path, Path, random.Random, int]:
-    """The run that never fails (``straight``, run to the end), the directory of the one that
-    will (``faulty``), and a freshly seeded RNG for the fault's timing (the seed goes in every
-    assertion message: a failure can be replayed)."""
-    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
-    assert_ok(run_cli(fault_args(compressor, straight), nproc=2))
+def straight_run(compressor: str, folder: Path) -> Path:
+    """``fault_args``' run that nothing stops, in ``folder``: its directory."""
+    assert_ok(run_cli(fault_args(compressor, folder / "straight"), nproc=2))
+    return folder / "straight"
+
+
+def seeded_fault(compressor: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[Path, Path, random.Random, int]:
+    """The run that never fails (``straight``, run to the end once per pytest run and shared:
+    read-only), the directory of the one that will (``faulty``), and a freshly seeded RNG for the
+    fault's timing (the seed goes in every assertion message: a failure can be replayed)."""
+    straight = made_once(tmp_path_factory, f"straight_{compressor}",
+                         lambda folder: straight_run(compressor, folder))
     seed = random.randrange(2**32)
-    return straight, faulty, random.Random(seed), seed
+    return straight, tmp_path / "faulty", random.Random(seed), seed
 
 
 @contextlib.contextmanager
@@ -158,8 +165,9 @@ def error_lines(log: Path) -> list[str]:
 # ---- 1. a rank dies mid-epoch ---------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("compressor", stress_unless("topk"))
-def test_killed_rank_ends_the_job_and_the_run_resumes_bit_exactly(tmp_path, compressor):
-    straight, faulty, rng, seed = seeded_fault(compressor, tmp_path)
+def test_killed_rank_ends_the_job_and_the_run_resumes_bit_exactly(tmp_path, tmp_path_factory,
+                                                                  compressor):
+    straight, faulty, rng, seed = seeded_fault(compressor, tmp_path, tmp_path_factory)
     victim, delay = rng.randrange(2), rng.uniform(0.0, 1.5)  # mid-epoch 1 or 2, either rank
     note = f"seed {seed}: SIGKILL to rank {victim} {delay:.2f} s after the first checkpoint"
     log = tmp_path / "faulty.log"

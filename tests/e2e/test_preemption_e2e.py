@@ -35,10 +35,10 @@ def compressors_and_signals() -> list:
 
 
 @pytest.mark.parametrize(("compressor", "name", "resume"), compressors_and_signals())
-def test_preempted_job_checkpoints_mid_epoch_and_resumes_bit_exactly(tmp_path, compressor,
-                                                                     name, resume):
+def test_preempted_job_checkpoints_mid_epoch_and_resumes_bit_exactly(tmp_path, tmp_path_factory,
+                                                                     compressor, name, resume):
     signum = signal.Signals[name]
-    straight, faulty, rng, seed = seeded_fault(compressor, tmp_path)
+    straight, faulty, rng, seed = seeded_fault(compressor, tmp_path, tmp_path_factory)
     delay, skew = rng.uniform(0.0, 1.0), rng.uniform(0.0, 0.3)
     first = rng.randrange(2)
     note = (f"seed {seed}: {name} to rank {first} {delay:.2f} s after the first checkpoint, "
