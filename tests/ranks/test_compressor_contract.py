@@ -106,16 +106,16 @@ def _contract_cases(rank: int, world: int, cases: list[str], steps: int) -> dict
     or its traceback. After a failure the rank runs no further case (the other rank may be
     waiting in a collective of the failed one): each of those says so."""
     out: dict[str, Any] = {}
+    failed = None  # the first case that failed on this rank
     for case in cases:
-        failed = [c for c, r in out.items() if isinstance(r, str)]
-        if failed:
-            out[case] = f"not run: case {failed[0]} failed before it on this rank"
+        if failed is not None:
+            out[case] = f"not run: case {failed} failed before it on this rank"
             continue
         name, params = CASES[case]
         try:
             out[case] = _contract(rank, world, name, params, steps)
         except Exception:  # noqa: BLE001 (reported by the case's test)
-            out[case] = traceback.format_exc()
+            out[case], failed = traceback.format_exc(), case
     return out
 
 
@@ -134,7 +134,6 @@ def contract_jobs(request: pytest.FixtureRequest) -> dict[str, list[Any]]:
                                   for c in CASES])
 def test_simulate_equals_ddp_and_checkpoints_continue(case: str, contract_jobs) -> None:
     name, params = CASES[case]
-    steps = STEPS
     ranks = contract_jobs[case]
     for rank, result in enumerate(ranks):
         assert not isinstance(result, str), f"rank {rank} failed:\n{result}"
@@ -144,7 +143,7 @@ def test_simulate_equals_ddp_and_checkpoints_continue(case: str, contract_jobs) 
     type_bits = dict.fromkeys(LAYER_TYPES, 0)  # rank 0's bits per compressed layer type
     for layer, first in ranks[0]["local"][0].items():
         sim = compression.Simulation(name, 2, first.shape, layer_name=layer, **params)
-        for step in range(steps):
+        for step in range(STEPS):
             out, bits = sim.step([torch.from_numpy(r["local"][step][layer]) for r in ranks])
             if sim.compressed:
                 type_bits[layer_type(sim.shape)] += bits[0]
@@ -156,7 +155,7 @@ def test_simulate_equals_ddp_and_checkpoints_continue(case: str, contract_jobs) 
     if compressor.compresses:
         assert 0 < stats["comm/bits"] < stats["comm/bits_dense"]
         conv = sum(g.size for g in ranks[0]["local"][0].values() if g.ndim >= 3)
-        assert stats["comm/bits_dense_conv"] == 32 * steps * conv
+        assert stats["comm/bits_dense_conv"] == 32 * STEPS * conv
     else:
         assert stats["comm/bits"] == stats["comm/bits_dense"] == stats["comm/wire_bits"]
     for r in ranks:
