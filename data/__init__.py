@@ -81,9 +81,9 @@ def check(cfg: Any) -> None:
         raise ConfigError(
             f"dataset.name: unknown dataset {cfg.name!r}; choose one of {available()}"
         )
-    subset = cfg.get("subset")
-    if subset is not None:
-        check_int(subset, "dataset.subset", 1)
+    for field in ("subset", "test_subset"):
+        if cfg.get(field) is not None:
+            check_int(cfg.get(field), f"dataset.{field}", 1)
     check_str(cfg.get("root"), "dataset.root", optional=True)
     if "download" in cfg:
         check_bool(cfg.download, "dataset.download")
@@ -120,23 +120,26 @@ def _plain(value: Any) -> Any:
 
 
 def build(cfg: Any) -> DataBundle:
-    """Load dataset ``cfg.name`` and apply ``cfg.subset`` (first N training examples)."""
+    """Load dataset ``cfg.name`` and apply ``cfg.subset`` and ``cfg.test_subset`` (the first N
+    training and test examples)."""
     check(cfg)
     bundle = _BUILDERS[cfg.name](cfg)
-    subset = cfg.get("subset")
-    if subset is not None:
-        bundle.train = take_first(bundle.train, subset, "dataset.subset")
+    if cfg.get("subset") is not None:
+        bundle.train = take_first(bundle.train, cfg.subset, "dataset.subset")
+    if cfg.get("test_subset") is not None:
+        bundle.test = take_first(bundle.test, cfg.test_subset, "dataset.test_subset", "test")
     return bundle
 
 
-def take_first(train: Dataset | torch.Tensor, n: int, field: str) -> Dataset | torch.Tensor:
-    """The first ``n`` training examples (tokens, for a token stream)."""
-    size = len(train)  # type: ignore[arg-type]
+def take_first(data: Dataset | torch.Tensor, n: int, field: str, split: str = "training"
+               ) -> Dataset | torch.Tensor:
+    """The first ``n`` examples of the ``split`` set (tokens, for a token stream)."""
+    size = len(data)  # type: ignore[arg-type]
     if n > size:
-        raise ConfigError(f"{field}: {n} is larger than the training set ({size} examples)")
-    if isinstance(train, torch.Tensor):
-        return train[:n]
-    return Subset(train, range(n))
+        raise ConfigError(f"{field}: {n} is larger than the {split} set ({size} examples)")
+    if isinstance(data, torch.Tensor):
+        return data[:n]
+    return Subset(data, range(n))
 
 
 def one_line(exc: BaseException, limit: int = 200) -> str:

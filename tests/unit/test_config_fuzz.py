@@ -69,7 +69,7 @@ COMPANIONS = {
 # Fields whose default is null or whose type the default does not tell: their kind.
 KINDS = {
     "trainer.micro_batch_size": "int?", "trainer.grad_clip": "float?", "dataset.subset": "int?",
-    "trainer.num_workers": "int?",
+    "dataset.test_subset": "int?", "trainer.num_workers": "int?",
     "dataset.root": "str?", "compressor.block_size": "int?", "logger.entity": "str?",
     "logger.run_name": "str?", "logger.group": "str?", "logger.job_type": "str?",
     "trainer.dist_timeout_s": "float", "trainer.bucket_cap_mb": "float",
@@ -111,7 +111,8 @@ RANGES = {
     "compressor.fc_bin_size": (1, 1 << 24), "compressor.block_size": (1, 1 << 24),
     "scheduler.eta": (0.0, None, True), "scheduler.interval": (1, None),
     "scheduler.batch_low": (1, None), "scheduler.batch_high": (1, None),
-    "dataset.subset": (1, None), "dataset.rotation": (0.0, 180.0), "dataset.noise": (0.0, None),
+    "dataset.subset": (1, None), "dataset.test_subset": (1, None),
+    "dataset.rotation": (0.0, 180.0), "dataset.noise": (0.0, None),
     "dataset.train_size": (1, None), "dataset.test_size": (1, None),
     "dataset.vocab_size": (2, None), "dataset.alpha": (0.0, None, True),
     "dataset.train_tokens": (2, None), "dataset.test_tokens": (2, None), "dataset.bptt": (1, None),

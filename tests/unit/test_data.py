@@ -196,6 +196,21 @@ def test_cifar_subset(tmp_path: Path) -> None:
     config_error(config("cifar10", root=str(tmp_path), subset=21), "dataset.subset", "20")
 
 
+def test_test_subset_keeps_the_first_test_examples(tmp_path: Path) -> None:
+    write_cifar(tmp_path, "cifar10")
+    whole = data.build(config("cifar10", root=str(tmp_path)))
+    bundle = data.build(config("cifar10", root=str(tmp_path), test_subset=3))
+    assert len(bundle.train) == len(whole.train) and len(bundle.test) == 3
+    for i in range(3):
+        assert torch.equal(bundle.test[i][0], whole.test[i][0])
+    for bad in (0, -2):
+        config_error(config("cifar10", root=str(tmp_path), test_subset=bad), "dataset.test_subset")
+    config_error(config("cifar10", root=str(tmp_path), test_subset=5), "dataset.test_subset",
+                 "test set (4 examples)")
+    text = data.build(config("synthetic_text", test_subset=10))  # a token stream: tokens
+    assert len(text.test) == 10
+
+
 def exact_config_error(cfg: DictConfig, expected: str, build: bool = True) -> None:
     assert config_error(cfg, build=build) == expected
 
