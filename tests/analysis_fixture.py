@@ -9,9 +9,9 @@ one run, with the run identity of docs/run-record.md:
 - ``table5``: no compression, batch 32 (the baseline) and Accordion batch 32 <-> 64, seed 0;
 - ``adacomp``: no compression (the baseline) and AdaComp (conv bin 50, FC bin 500), seed 0.
 
-Every run: ResNet-18 at width 8 on 64 digits (2 steps an epoch), 3 epochs; about 40 s of CPU in
-all, plus about 7 s of process start-up a run. Directory names are Hydra's job numbers: the
-analysis never reads them.
+Every run: ResNet-18 at width 8 on 64 digits (2 steps an epoch), tested on 64, 3 epochs; a few
+seconds of CPU each, plus about 7 s of process start-up. Directory names are Hydra's job numbers:
+the analysis never reads them.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from core import record
 from tests.conftest import assert_ok, run_cli
 
 GROUP = "analysis_fixture"
-COMMON = ["model.width=8", "dataset.subset=64", "trainer.batch_size=32", "trainer.epochs=3",
-          "trainer.progress=false", "trainer.device=cpu", "optimizer.lr=0.1",
+COMMON = ["model.width=8", "dataset.subset=64", "dataset.test_subset=64", "trainer.batch_size=32",
+          "trainer.epochs=3", "trainer.progress=false", "trainer.device=cpu", "optimizer.lr=0.1",
           "optimizer.schedule.warmup_epochs=0"]  # the optimizer pinned, as TINY pins it
 
 

@@ -1,7 +1,8 @@
 """Resume where it matters: CIFAR-10 files with their random crops and flips, so that a resumed
 run equals an uninterrupted one only if every rank gets its own RNG stream back, the sampler
 continues at the right epoch, and rows of metrics.jsonl written after the last checkpoint are
-dropped. 2 real gloo ranks under torchrun.
+dropped; Accordion over Top-K, so that it also has to make the decisions of the run that never
+stopped (its norms and levels carried across the stop). 2 real gloo ranks under torchrun.
 """
 
 from __future__ import annotations
@@ -17,21 +18,25 @@ from tests.unit.test_data import write_cifar
 pytestmark = pytest.mark.slow
 
 
-def test_augmented_two_rank_resume_equals_the_uninterrupted_run(tmp_path):
+def test_augmented_two_rank_accordion_resume_equals_the_uninterrupted_run(tmp_path):
     write_cifar(tmp_path / "data", "cifar10", per_file=26)  # 130 training images, 26 test
-    common = [*TINY, "dataset=cifar10", f"dataset.root={tmp_path / 'data'}", "compressor=topk",
-              "compressor.ratio=0.25"]
+    common = [*TINY, "dataset=cifar10", f"dataset.root={tmp_path / 'data'}",
+              "dataset.test_subset=null", "compressor=topk", "scheduler=accordion",
+              "scheduler.interval=1", "scheduler.low=0.5", "scheduler.high=0.05",
+              "trainer.epochs=3"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert_ok(run_cli([*common, "trainer.epochs=2", f"hydra.run.dir={straight}"], nproc=2))
+    assert_ok(run_cli([*common, f"hydra.run.dir={straight}"], nproc=2))
     assert_ok(run_cli([*common, "trainer.epochs=1", f"hydra.run.dir={resumed}"], nproc=2))
     # a crash after epoch 1's row was written but before its checkpoint: that row must go
     with open(resumed / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"epoch": 1, "train/loss": -1.0}) + "\n")
-    assert_ok(run_cli([*common, "trainer.epochs=2", "resume=true", f"hydra.run.dir={resumed}"],
-                      nproc=2))
+    assert_ok(run_cli([*common, "resume=true", f"hydra.run.dir={resumed}"], nproc=2))
     a, b = read_rows(straight), read_rows(resumed)
-    assert [r["epoch"] for r in b] == [0, 1]
+    assert [r["epoch"] for r in b] == [0, 1, 2]
     same_rows(a, b)
+    # Accordion decided (per layer) at every epoch end, and its levels changed during the run
+    assert all(any(k.startswith("critical/") for k in r) for r in a)
+    assert len({r[k] for r in a for k in r if k.startswith("level/")}) == 2
     ca = torch.load(straight / "checkpoint.pt", weights_only=True)
     cb = torch.load(resumed / "checkpoint.pt", weights_only=True)
     for key, value in ca["model"].items():
@@ -44,7 +49,7 @@ def test_augmented_two_rank_resume_equals_the_uninterrupted_run(tmp_path):
                 assert torch.equal(memory, layers_b[name]["memory"][key]), (rank, name, key)
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["params_in_sync"] is True
-    assert summary["epochs_completed"] == 2 and summary["final"] == b[-1]["test/accuracy"]
+    assert summary["epochs_completed"] == 3 and summary["final"] == b[-1]["test/accuracy"]
 
 
 def test_powersgd_resumed_at_an_epoch_end_equals_the_run_that_never_stopped(tmp_path):

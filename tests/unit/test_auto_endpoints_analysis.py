@@ -20,8 +20,8 @@ from tests.figure_checks import problems
 pytestmark = pytest.mark.slow
 
 GROUP = "auto_fixture"
-COMMON = ["model.width=8", "dataset.subset=64", "trainer.batch_size=32", "trainer.epochs=3",
-          "trainer.progress=false", "trainer.device=cpu", "launcher=simulated",
+COMMON = ["model.width=8", "dataset.subset=64", "dataset.test_subset=64", "trainer.batch_size=32",
+          "trainer.epochs=3", "trainer.progress=false", "trainer.device=cpu", "launcher=simulated",
           "trainer.workers=2", "hydra.launcher.parallel=2"]
 POWERSGD = ("override /compressor: powersgd",)
 # (method, baseline, seeds, defaults, config lines)
