@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -36,6 +38,14 @@ def compose_cfg() -> Callable[..., DictConfig]:
             return compose("config", overrides=list(overrides), return_hydra_config=False)
 
     return _compose
+
+
+def with_value(cfg: DictConfig, field: str, value: Any) -> DictConfig:
+    """A copy of ``cfg`` with ``field`` (dotted, added if absent) set to ``value``: what the same
+    override would compose, without a compose (about 0.4 s here)."""
+    out = copy.deepcopy(cfg)
+    OmegaConf.update(out, field, value, force_add=True, merge=False)
+    return out
 
 
 def run_cli(args: list[str], nproc: int = 1, env: dict[str, str] | None = None,

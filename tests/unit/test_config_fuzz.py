@@ -17,7 +17,6 @@ the real command line as well: exit status 2, one line, no process group.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import re
@@ -37,7 +36,7 @@ import models
 import schedulers
 from core.errors import ConfigError
 from core.lr import lr_at
-from tests.conftest import CONF, TINY, run_cli
+from tests.conftest import CONF, TINY, run_cli, with_value
 from training import config
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None,
@@ -225,12 +224,6 @@ def kind(cfg: DictConfig, field: str) -> str:
         items = list(value)
         return "list_str" if items and isinstance(items[0], str) else "list_int"
     raise AssertionError(f"no kind for {field} = {value!r}: add it to KINDS")
-
-
-def with_value(cfg: DictConfig, field: str, value: Any) -> DictConfig:
-    out = copy.deepcopy(cfg)
-    OmegaConf.update(out, field, value, force_add=True, merge=False)
-    return out
 
 
 def check(cfg: DictConfig) -> None:
