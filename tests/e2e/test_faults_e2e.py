@@ -80,7 +80,10 @@ def workers(agent: subprocess.Popen, deadline_s: float = 120) -> dict[int, int]:
         children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
         ranks = {}
         for pid in map(int, children):
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except (FileNotFoundError, ProcessLookupError):  # a short-lived child, gone since
+                continue
             rank = [e for e in env if e.startswith(b"RANK=")]
             if rank:
                 ranks[int(rank[0][5:])] = pid

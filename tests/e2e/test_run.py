@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import TINY, assert_ok, read_rows, run_cli, same_rows
+from tests.conftest import TINY, assert_ok, read_rows, run_cli, same_rows, same_weights
 
 EPOCH_KEYS = {"epoch", "lr", "train/loss", "test/loss", "test/accuracy", "comm/bits",
               "comm/bits_dense", "time/epoch_s", "samples_per_s", "time/compress_s"}
@@ -39,7 +41,7 @@ def _check_record(run_dir, epochs: int, world_size: int) -> list[dict]:
 
 
 def test_single_process_run_leaves_record(tmp_path):
-    proc = run_cli([*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path}"])
+    proc = run_cli([*TINY, "trainer.epochs=2", f"hydra.run.dir={tmp_path}"], fresh=True)
     assert_ok(proc)
     rows = _check_record(tmp_path, epochs=2, world_size=1)
     assert rows[1]["train/loss"] < rows[0]["train/loss"]
@@ -47,9 +49,11 @@ def test_single_process_run_leaves_record(tmp_path):
 
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-rank gloo run of 3 epochs that nothing stops (read-only: two tests read it)."""
+    """A 2-rank gloo run of 3 epochs that nothing stops, under the real torchrun (read-only:
+    three tests read it)."""
     run_dir = tmp_path_factory.mktemp("two_rank") / "run"
-    assert_ok(run_cli([*TINY, "trainer.epochs=3", f"hydra.run.dir={run_dir}"], nproc=2))
+    assert_ok(run_cli([*TINY, "trainer.epochs=3", f"hydra.run.dir={run_dir}"], nproc=2,
+                      fresh=True))
     return run_dir
 
 
@@ -58,6 +62,34 @@ def test_two_rank_gloo_run_keeps_ranks_in_sync(two_rank_run):
     _check_record(two_rank_run, epochs=3, world_size=2)
     assert not any(p.name.startswith(".hydra") for p in two_rank_run.parent.iterdir()
                    if p != two_rank_run)
+
+
+@pytest.mark.slow
+def test_forked_ranks_give_torchruns_run_bit_for_bit(tmp_path, two_rank_run):
+    # Most of the suite's runs are forked by tests/forkserver.py, not started by torchrun.
+    proc = run_cli([*TINY, "trainer.epochs=3", f"hydra.run.dir={tmp_path}"], nproc=2)
+    assert_ok(proc)
+    assert proc.args[0] == "forkserver"
+    same_rows(read_rows(two_rank_run), read_rows(tmp_path))
+    same_weights(two_rank_run, tmp_path)
+    provenance = [json.loads((d / "summary.json").read_text())["provenance"]
+                  for d in (two_rank_run, tmp_path)]
+    assert provenance[0]["launcher"] == provenance[1]["launcher"] == "torchrun"
+    assert provenance[0]["numerics"] == provenance[1]["numerics"]
+
+
+def test_forked_run_past_its_timeout_is_killed_and_the_next_is_served(tmp_path):
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_cli([*TINY, "trainer.epochs=100", f"hydra.run.dir={tmp_path / 'long'}"], nproc=2,
+                timeout=4)
+    assert not (tmp_path / "long" / "summary.json").exists()  # killed: never ended
+    proc = run_cli([*TINY, "trainer.epochs=1", f"hydra.run.dir={tmp_path / 'next'}"], nproc=2)
+    assert_ok(proc)
+    assert proc.args[0] == "forkserver"
+    # A variable read at start-up cannot change in a forked process: such a run starts afresh.
+    proc = run_cli([*TINY, "trainer.epochs=0", f"hydra.run.dir={tmp_path / 'bad'}"],
+                   env={"OMP_NUM_THREADS": "2"})
+    assert proc.args[0] == sys.executable and proc.returncode == 2, proc.stderr[-2000:]
 
 
 @pytest.mark.slow
