@@ -1,8 +1,8 @@
 """Real run records for the analysis tests: ten tiny runs of `run.py`, trained once.
 
-One `python run.py -m` sweep over a config group written here (the suite's `ddp` launcher: one
-`run.py` process per run, two at a time, as `make reproduce-*` runs tiny sweeps); each option is
-one run, with the run identity of docs/run-record.md:
+The runs of one `python run.py -m` sweep over a config group written here, each option one run
+(forked by ``run_cli``: ``tests.conftest.run_options``), with the run identity of
+docs/run-record.md:
 
 - ``table1``: PowerSGD rank 2 (the baseline), rank 1 and Accordion 2 <-> 1 (interval 1: epochs
   0-1 critical, epoch 2 decided by the norms), seeds 0 and 1; seed 0 with an offline W&B run;
@@ -10,8 +10,7 @@ one run, with the run identity of docs/run-record.md:
 - ``adacomp``: no compression (the baseline) and AdaComp (conv bin 50, FC bin 500), seed 0.
 
 Every run: ResNet-18 at width 8 on 64 digits (2 steps an epoch), tested on 64, 3 epochs; a few
-seconds of CPU each, plus about 7 s of process start-up. Directory names are Hydra's job numbers:
-the analysis never reads them.
+seconds of CPU each. Directory names are the runs' numbers: the analysis never reads them.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from core import record
-from tests.conftest import assert_ok, run_cli
+from tests.conftest import run_options
 
 GROUP = "analysis_fixture"
 COMMON = ["model.width=8", "dataset.subset=64", "dataset.test_subset=64", "trainer.batch_size=32",
@@ -81,13 +80,8 @@ def train_fixture_runs(root: Path) -> Path:
         for seed in spec.seeds:
             options.append(f"g{i}_s{seed}")
             (conf / f"{options[-1]}.yaml").write_text(spec.option(seed))
-    runs = root / "runs"
-    proc = run_cli(["-m", f"hydra.searchpath=[file://{root / 'conf'}]",
-                    f"+{GROUP}={','.join(options)}", *COMMON, f"hydra.sweep.dir={runs}",
-                    "hydra.launcher.parallel=2"],
-                   env={"WANDB_MODE": "offline"})
-    assert_ok(proc)
-    return runs
+    return run_options(root / "conf", GROUP, options, COMMON, root / "runs",
+                       env={"WANDB_MODE": "offline"})
 
 
 # ---- run records written by hand (fast tests of what real runs rarely show) -----------------

@@ -152,6 +152,17 @@ def _forkserver(base: dict[str, str], env: dict[str, str]) -> ForkServer | None:
     return _SERVER[0] if _SERVER[0].serves(env) else None
 
 
+def run_options(conf: Path, group: str, options: list[str], common: list[str], out: Path,
+                env: dict[str, str] | None = None) -> Path:
+    """One run of `run.py` for each option of the config ``group`` written below ``conf`` (the
+    runs of ``run.py -m +GROUP=a,b,...``), into ``out/<i>``, each forked by :func:`run_cli`
+    instead of started afresh by the sweep's launcher (the sweep tests test that); ``out``."""
+    for i, option in enumerate(options):
+        assert_ok(run_cli([f"hydra.searchpath=[file://{conf}]", f"+{group}={option}", *common,
+                           f"hydra.run.dir={out / str(i)}"], env=env))
+    return out
+
+
 def run_make(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``make ARGS`` from the repository root as a user would type it.
 

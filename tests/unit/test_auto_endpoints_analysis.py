@@ -14,7 +14,7 @@ from scipy import stats as scipy_stats
 
 from analysis import auto_endpoints, provenance
 from analysis.claims import load_sweep
-from tests.conftest import assert_ok, run_cli
+from tests.conftest import run_options
 from tests.figure_checks import problems
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 GROUP = "auto_fixture"
 COMMON = ["model.width=8", "dataset.subset=64", "dataset.test_subset=64", "trainer.batch_size=32",
           "trainer.epochs=3", "trainer.progress=false", "trainer.device=cpu", "launcher=simulated",
-          "trainer.workers=2", "hydra.launcher.parallel=2"]
+          "trainer.workers=2"]
 POWERSGD = ("override /compressor: powersgd",)
 # (method, baseline, seeds, defaults, config lines)
 RUNS = [
@@ -72,10 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "benchmark: cifar10", f"method: {method}", f"variant: {variant}",
                 "baseline: rank2", "seed: 0", *lines]
         (conf / f"{options[-1]}.yaml").write_text("\n".join(text) + "\n")
-    out = root / "runs"
-    assert_ok(run_cli(["-m", f"hydra.searchpath=[file://{root / 'conf'}]",
-                       f"+{GROUP}={','.join(options)}", *COMMON, f"hydra.sweep.dir={out}"]))
-    return out
+    return run_options(root / "conf", GROUP, options, COMMON, root / "runs")
 
 
 def by_hand(runs: Path, sweep: str = "auto_endpoints", variant: str | None = None
