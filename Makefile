@@ -163,7 +163,7 @@ bench-portable-step: $(VENV_STAMP) ## where a tiny training step's time goes und
 bench-tiny-profile: $(VENV_STAMP) ## where one 2-worker tiny run's time goes (phases), per compressor, as 2 torchrun ranks and as 2 simulated learners [ARGS="--epochs 4"] -> results/bench/tiny_profile.{csv,md}
 	$(PY) -m benchmarks.tiny_profile $(ARGS)
 
-bench-test-time: $(VENV_STAMP) ## make test's two pytest parts timed at 2 and 1 xdist workers, with the machine's busy fraction [ARGS="--runs unit:2 slow:2 slow:1"] -> results/bench/test_time.{csv,md} (~40 min)
+bench-test-time: $(VENV_STAMP) ## make test's two pytest parts timed at 2 and 1 xdist workers, with the machine's busy fraction [ARGS="--runs unit:2 slow:2 slow:1 --baseline DIR"] -> results/bench/test_time.{csv,md} (~40 min)
 	$(PY) -m benchmarks.test_time $(ARGS)
 
 bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -33,12 +35,27 @@ def test_a_pytest_run_is_measured_and_a_failing_one_stops_the_benchmark(tmp_path
 
 
 def test_the_table_adds_the_unit_part_to_each_slow_run() -> None:
-    rows = [{"part": p, "workers": w, "wall_s": s, "busy": b, "cpu_s": 2 * s * b,
+    rows = [{"tree": "abc", "part": p, "workers": w, "wall_s": s, "busy": b, "cpu_s": 2 * s * b,
              "load_before": 0.1, "load_after": 1.9, "summary": "9 passed", "command": "pytest"}
             for p, w, s, b in (("unit", 2, 300.0, 0.98), ("slow", 2, 600.0, 0.98),
                                ("slow", 1, 780.0, 0.66))]
     text = test_time.markdown(rows, "a machine (fingerprint 0123456789ab), commit abc", "cmd", 1)
-    assert "| slow (`tests/ranks tests/e2e`) | 1 | 13.0 | 0.66 | 17.2 | 0.1 / 1.9 |" in text
-    assert "`tests/unit` on 2 + `tests/ranks tests/e2e` on 2: **15.0 min**" in text
-    assert "`tests/unit` on 2 + `tests/ranks tests/e2e` on 1: **18.0 min**" in text
+    assert "| abc | slow (`tests/ranks tests/e2e`) | 1 | 13.0 | 0.66 | 17.2 | 0.1 / 1.9 |" in text
+    assert "abc: `tests/unit` on 2 + `tests/ranks tests/e2e` on 2: **15.0 min**" in text
+    assert "abc: `tests/unit` on 2 + `tests/ranks tests/e2e` on 1: **18.0 min**" in text
     assert "fingerprint 0123456789ab" in text
+    assert "baseline" not in text
+
+
+def test_a_baseline_checkouts_parts_run_beside_this_ones_and_the_ratio_is_given(tmp_path) -> None:
+    rows = [{"tree": t, "part": p, "workers": 2, "wall_s": s, "busy": 0.9, "cpu_s": s,
+             "load_before": 0.1, "load_after": 1.9, "summary": "9 passed", "command": "pytest"}
+            for t, p, s in (("old", "unit", 400.0), ("new", "unit", 300.0),
+                            ("old", "slow", 800.0), ("new", "slow", 600.0))]
+    text = test_time.markdown(rows, "a machine", "cmd", 1)
+    assert "old: `tests/unit` on 2 + `tests/ranks tests/e2e` on 2: **20.0 min**" in text
+    assert "new: `tests/unit` on 2 + `tests/ranks tests/e2e` on 2: **15.0 min**" in text
+    assert "new over old (the baseline), side by side: **0.75x** the wall time." in text
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.test_time", "--baseline",
+                           str(tmp_path)], cwd=test_time.ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and f"--baseline: {tmp_path} is not a checkout" in proc.stderr
