@@ -79,10 +79,10 @@ def run_cli(args: list[str], nproc: int = 1, env: dict[str, str] | None = None,
 
 
 # Variables read while the interpreter or a library starts (libgomp's and MKL's thread counts,
-# torch's logging, sys.path, the dynamic loader): a process forked after the start keeps the
-# server's.
+# torch's logging, sys.path, the dynamic loader, coverage's start-up hook): a process forked
+# after the start keeps the server's.
 STARTUP_VARIABLES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "DNNL_",
-                     "ONEDNN_", "ATEN_", "TORCH", "CUDA_", "NVIDIA_")
+                     "ONEDNN_", "ATEN_", "TORCH", "CUDA_", "NVIDIA_", "COVERAGE_")
 
 
 class ForkServer:
