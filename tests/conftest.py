@@ -94,7 +94,8 @@ class ForkServer:
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "forkserver.py")],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
                                      env=env, bufsize=0)
-        self.ready = bool(self._reply(None)["ready"])  # False: its imports started a thread
+        # False where its imports started a thread or CUDA: then every run starts afresh.
+        self.ready = bool(self._reply(None)["ready"])
         atexit.register(self.close)
 
     def close(self) -> None:

@@ -14,9 +14,10 @@ SIGKILL) and exits 1. Each rank runs `run.py` as ``__main__`` in its forked proc
 Forking is safe because nothing has run yet: the server only imports (no tensor operation, so
 ATen's CPU capability, MKL's branch and the thread pools are still unchosen, and
 ``trainer.numerics`` pins them in each run as in a fresh process), and it refuses to serve once
-the imports have started a second thread. Variables read while the interpreter or a library
-starts (``OMP_NUM_THREADS``, ``PYTHONPATH``, ...) cannot change after a fork: ``run_cli`` runs a
-call that changes them, and every ``fresh=True`` call, as a new process.
+the imports have started a second thread or loaded CUDA's driver (a CUDA context does not survive
+a fork). Variables read while the interpreter or a library starts (``OMP_NUM_THREADS``,
+``PYTHONPATH``, ...) cannot change after a fork: ``run_cli`` runs a call that changes them, and
+every ``fresh=True`` call, as a new process.
 
 Protocol (stdin/stdout, a JSON object per line): a request ``{"argv", "nproc", "env", "cwd",
 "stdout", "stderr"}`` (the two output files, appended to); replies ``{"pid": job}`` (the job's
@@ -55,6 +56,12 @@ def warm_up() -> None:
 def threads() -> int:
     """This process's threads (Python's and native ones)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def cuda_loaded() -> bool:
+    """Whether CUDA's driver library is loaded here (an import asked for a device): a CUDA
+    context does not survive a fork, so then no run may be forked from this process."""
+    return "libcuda.so" in Path("/proc/self/maps").read_text()
 
 
 def run_main(argv: list[str]) -> NoReturn:
@@ -157,7 +164,7 @@ def reply(message: dict[str, Any]) -> None:
 def serve() -> None:
     """Answer requests until stdin closes."""
     warm_up()
-    reply({"ready": threads() == 1, "threads": threads()})
+    reply({"ready": threads() == 1 and not cuda_loaded(), "threads": threads()})
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()
