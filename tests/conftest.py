@@ -68,9 +68,11 @@ def run_cli(args: list[str], nproc: int = 1, env: dict[str, str] | None = None,
     base = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
     full_env = {**base, **(env or {})}
     server = None if fresh else _forkserver(base, full_env)
-    if server is not None:
-        with server.lock:
+    if server is not None and server.lock.acquire(blocking=False):  # busy: another thread's run
+        try:
             return server.run(args, nproc, full_env, timeout)
+        finally:
+            server.lock.release()
     cmd = [sys.executable]
     if nproc > 1:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
@@ -107,7 +109,7 @@ class ForkServer:
     def serves(self, env: dict[str, str]) -> bool:
         """Whether a run with ``env`` may be forked from this server."""
         keys = {k for k in (*self.env, *env) if k.startswith(STARTUP_VARIABLES)}
-        return self.ready and self.proc.poll() is None and not self.lock.locked() and \
+        return self.ready and self.proc.poll() is None and \
             all(self.env.get(k) == env.get(k) for k in keys)
 
     def run(self, args: list[str], nproc: int, env: dict[str, str], timeout: float
