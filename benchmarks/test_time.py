@@ -75,12 +75,9 @@ def run_part(part: str, workers: int, root: Path = ROOT) -> dict[str, Any]:
 
 
 def commit(root: Path) -> str:
-    """The checkout's commit (10 hex digits), ``+`` if it has changes."""
-    head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=root,
-                          capture_output=True, text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    return head + ("+" if dirty else "")
+    """The checkout's commit (10 hex digits), ``+`` if its code has changes."""
+    return provenance.git_state(root)["commit"][:10] + ("+" if provenance.code_changed(root)
+                                                         else "")
 
 
 def markdown(rows: list[dict[str, Any]], made_by: str, command: str, seconds: float) -> str:
