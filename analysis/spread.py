@@ -82,11 +82,16 @@ def effect_table(runs: pd.DataFrame, by: Sequence[str], a: str, b: str) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def markdown(table: pd.DataFrame) -> str:
-    """``table`` as a markdown table, floats to two decimals."""
+def markdown(table: pd.DataFrame, keys: Sequence[str] = ()) -> str:
+    """``table`` as a markdown table: measurements to two decimals, the ``keys`` columns (the
+    settings that make cells) as given, so that 0.005 and 0.01 stay two cells."""
     if table.empty:
         return "(no cell has both methods)\n"
-    shown = table.map(lambda v: f"{v:.2f}" if isinstance(v, float) else str(v))
+    shown = table.astype(object).copy()
+    for column in shown.columns:
+        shown[column] = shown[column].map(
+            lambda v, key=column in keys: f"{v:g}" if isinstance(v, float) and key
+            else f"{v:.2f}" if isinstance(v, float) else str(v))
     lines = ["| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
     lines += ["| " + " | ".join(row) + " |" for row in shown.itertuples(index=False)]
     return "\n".join(lines) + "\n"
@@ -108,11 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = "python -m analysis.spread " + " ".join(sys.argv[1:] if argv is None else argv)
     text = f"Command: `{command}`. Final metric over seeds.\n\n" + markdown(
-        spread_table(runs, args.by))
+        spread_table(runs, args.by), args.by)
     if args.compare:
         a, b = args.compare
         text += f"\nEffect {a} - {b} (paired over common seeds, 95% t interval):\n\n"
-        text += markdown(effect_table(runs, args.by, a, b))
+        text += markdown(effect_table(runs, args.by, a, b), args.by)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text, encoding="utf-8")

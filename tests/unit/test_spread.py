@@ -16,7 +16,8 @@ from tests.analysis_fixture import MACHINE_A, epoch_row, provenance, write_recor
 FINALS = {(0.1, "rank4", 0): 30.0, (0.1, "rank4", 1): 60.0, (0.1, "rank4", 2): 45.0,
           (0.1, "rank1", 0): 25.0, (0.1, "rank1", 1): 27.0, (0.1, "rank1", 2): 26.0,
           (0.02, "rank4", 0): 85.0, (0.02, "rank4", 1): 87.0, (0.02, "rank4", 2): 86.0,
-          (0.02, "rank1", 0): 75.0, (0.02, "rank1", 1): 74.0, (0.02, "rank1", 2): 76.5}
+          (0.02, "rank1", 0): 75.0, (0.02, "rank1", 1): 74.0, (0.02, "rank1", 2): 76.5,
+          (0.005, "rank4", 0): 80.0, (0.005, "rank1", 0): 70.0}
 
 
 def _runs(root: Path) -> Path:
@@ -39,8 +40,8 @@ def _runs(root: Path) -> Path:
 def test_cells_split_by_the_key_and_their_spread_is_over_seeds(tmp_path):
     runs = spread.complete_runs(_runs(tmp_path), ["optimizer.lr"])
     table = spread.spread_table(runs, ["optimizer.lr"]).set_index(["optimizer.lr", "method"])
-    assert len(table) == 4
-    for (lr, method), row in table.iterrows():
+    assert len(table) == 6
+    for (lr, method), row in table.drop(index=0.005).iterrows():
         finals = [FINALS[(lr, method, s)] for s in range(3)]
         assert row["seeds"] == "0 1 2" and row["n"] == 3
         assert row["mean"] == pytest.approx(statistics.mean(finals))
@@ -75,6 +76,9 @@ def test_the_command_writes_markdown_and_refuses_an_unknown_key(tmp_path, capsys
     assert text.startswith("Command: `python -m analysis.spread ")
     assert "| 0.02 | vgg19bn | rank4 | ours | 0 1 2 | 3 | 86.00 | 1.00 |" in text
     assert "Effect rank4 - rank1" in text
+    # a setting is shown as given, not rounded like a measurement (0.005 is not 0.01)
+    assert "| 0.005 | vgg19bn | rank1 | ours | 0 | 1 | 70.00 | nan |" in text
+    assert "| 0.005 | vgg19bn | ours | 1 | 10.00 |" in text
     assert spread.main([runs, "--by", "optimizer.momentum"]) == 2
     assert "--by: no run's config has optimizer.momentum" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
