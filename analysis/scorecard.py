@@ -9,6 +9,12 @@ ours with its 95% interval and how it was computed, the seeds, the verdict, the 
 commits of the runs and a warning where they mix), and prints the markdown table. Claims whose
 cells have no run below the directory are left out (the count is said). Exit status 2 on bad
 input (no runs, a malformed claims file).
+
+    python -m analysis.scorecard results/example --overview [--scale tiny] [--out results/example]
+
+counts instead the verdicts of every ``scorecard.csv`` below the folder against the claims file,
+sweep by sweep (claims judged and not yet judged at the scale, seeds, machines), into
+``<out>/scorecard_overview.md``: which of the papers' comparisons have a verdict so far.
 """
 
 from __future__ import annotations
@@ -112,6 +118,57 @@ def scorecard(runs_dir: Path, claims_file: Path | None, sweeps: Sequence[str] | 
     return rows, len(wanted) - rows["id"].nunique()
 
 
+def overview(folder: Path, claims_file: Path | None, scale: str) -> pd.DataFrame:
+    """Per sweep with claims at ``scale``: how many, how many the ``scorecard.csv`` files below
+    ``folder`` judged and their verdicts, their seeds, machines and files. A ValueError where
+    there is no such file or two of them judge the same claim."""
+    files = sorted(folder.rglob("scorecard.csv")) if folder.is_dir() else []
+    if not files:
+        raise ValueError(f"runs_dir: no scorecard.csv below {folder}")
+    judged = pd.concat([pd.read_csv(f, dtype=str, keep_default_na=False).assign(file=str(f))
+                        for f in files], ignore_index=True)
+    judged = judged[judged["scale"] == scale]
+    twice = judged[judged.duplicated("id", keep=False)]
+    if not twice.empty:
+        raise ValueError(f"runs_dir: claim {twice['id'].iloc[0]} is judged in "
+                         f"{' and '.join(sorted(set(twice['file'])))}: keep one")
+    rows = []
+    for claim in verdicts.load_claims(claims_file):
+        if claim.scales is None or scale in claim.scales:
+            rows.append({"sweep": claim.sweep, "id": claim.id, "source": claim.source})
+    claims = pd.DataFrame(rows).drop_duplicates("id").merge(
+        judged.drop(columns=["sweep", "source"]), on="id", how="left")
+    out = []
+    for sweep, group in claims.groupby("sweep", sort=False):
+        done = group[group["verdict"].notna()]
+        counts = done["verdict"].value_counts()
+        out.append({"sweep": sweep, "source": min(group["source"], key=len),
+                    "claims": len(group), "judged": len(done),
+                    **{v: int(counts.get(v, 0)) for v in (verdicts.REPRODUCED,
+                                                          verdicts.NOT_REPRODUCED,
+                                                          verdicts.INCONCLUSIVE)},
+                    "seeds": ", ".join(sorted(set(done["n"]), key=int)) or "—",
+                    "machines": ", ".join(sorted(set(", ".join(done["fingerprints"])
+                                                     .split(", ")) - {""})) or "—",
+                    "scorecard": ", ".join(sorted(set(done["file"]))) or "no scorecard"})
+    return pd.DataFrame(out)
+
+
+def write_overview(table: pd.DataFrame, out: Path, command: str, scale: str) -> Path:
+    """``<out>/scorecard_overview.md``: the ``table`` of :func:`overview` under its command."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "scorecard_overview.md"
+    total = table[["claims", "judged", verdicts.REPRODUCED, verdicts.NOT_REPRODUCED,
+                   verdicts.INCONCLUSIVE]].sum()
+    path.write_text(
+        f"Command: `{command}`. The papers' claims at {scale} scale (analysis/claims.yaml) per "
+        f"sweep, and the verdicts of the scorecards below the folder: {total['judged']} of "
+        f"{total['claims']} judged, {total[verdicts.REPRODUCED]} reproduced, "
+        f"{total[verdicts.NOT_REPRODUCED]} not reproduced, {total[verdicts.INCONCLUSIVE]} "
+        f"inconclusive. `seeds`: seeds per verdict.\n\n{tables.markdown(table)}")
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module doc); exit status 2 on bad input."""
     parser = argparse.ArgumentParser(prog="python -m analysis.scorecard",
@@ -125,7 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                     "analysis/claims.yaml)")
     parser.add_argument("--out", type=Path, default=Path("results"),
                         help="output folder (default results/)")
+    parser.add_argument("--overview", action="store_true",
+                        help="count the verdicts of the scorecard.csv files below runs_dir per "
+                             "sweep (at the one --scale, default tiny) instead")
     args = parser.parse_args(argv)
+    if args.overview:
+        return _overview(args, argv)
     try:
         rows, skipped = scorecard(args.runs_dir, args.claims, args.sweep, args.scale)
     except (FileNotFoundError, ValueError) as exc:  # ConfigError is a ValueError
@@ -134,6 +196,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = write(rows, args.out, skipped)
     print(paths[1].read_text())
     print(" , ".join(map(str, paths)))
+    return 0
+
+
+def _overview(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``--overview``: the table of :func:`overview`, written and printed."""
+    if args.scale and len(args.scale) != 1:
+        print("error: scale: --overview counts one scale, got " + " ".join(args.scale),
+              file=sys.stderr)
+        return 2
+    scale = args.scale[0] if args.scale else "tiny"
+    try:
+        table = overview(args.runs_dir, args.claims, scale)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    command = "python -m analysis.scorecard " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(write_overview(table, args.out, command, scale).read_text())
     return 0
 
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from analysis import reference, verdicts
 from analysis.scorecard import main
-from analysis.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Interval
+from analysis.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Interval, load_claims
 from core.errors import ConfigError
 from jobs import sweeps
 from tests.analysis_fixture import (
@@ -262,6 +262,40 @@ def test_scorecard_bad_input_is_one_line_and_status_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs a list `claims`" in err
 
+
+
+def test_the_overview_counts_each_sweep_s_verdicts_against_its_claims(tmp_path, capsys):
+    _table1(tmp_path / "runs", moved_seed=2)
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "cards" / "table1")]) == 0
+    capsys.readouterr()
+    tiny = {c.sweep: 0 for c in load_claims()}  # claims at tiny scale per sweep
+    for c in load_claims():
+        tiny[c.sweep] += c.scales is None or "tiny" in c.scales
+    assert main([str(tmp_path / "cards"), "--overview", "--out", str(tmp_path / "o")]) == 0
+    text = (tmp_path / "o" / "scorecard_overview.md").read_text()
+    assert text in capsys.readouterr().out
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:]
+            for line in text.splitlines() if line.startswith("| ") and "---" not in line}
+    assert list(rows)[1:] == [s for s, n in tiny.items() if n]  # in the claims file's order
+    # claims, judged, reproduced, not reproduced, inconclusive, seeds, machines
+    assert rows["table1"][1:8] == [str(tiny["table1"]), "3", "3", "0", "0", "3",
+                                   "0f1e2d3c4b5a, a1b2c3d4e5f6"]
+    assert rows["table2"][2:9] == ["0", "0", "0", "0", "—", "—", "no scorecard |"]
+    assert f"3 of {sum(tiny.values())} judged, 3 reproduced, 0 not reproduced" in text
+
+
+def test_the_overview_refuses_a_claim_judged_twice_and_an_empty_folder(tmp_path, capsys):
+    _table1(tmp_path / "runs", seeds=(0,))
+    for name in ("a", "b"):
+        assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "cards" / name)]) == 0
+    capsys.readouterr()
+    assert main([str(tmp_path / "cards"), "--overview"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is judged in" in err and "keep one" in err
+    assert main([str(tmp_path / "runs"), "--overview"]) == 2
+    assert "no scorecard.csv below" in capsys.readouterr().err
+    assert main([str(tmp_path / "cards"), "--overview", "--scale", "tiny", "paper"]) == 2
+    assert "--overview counts one scale" in capsys.readouterr().err
 
 @pytest.mark.slow
 def test_scorecard_of_real_runs_agrees_with_their_records(analysis_runs, tmp_path):
