@@ -40,7 +40,9 @@ ABOUT = (
     "Reproduced: the whole interval lies on the claimed side of the bound; not reproduced: "
     "wholly on the other side; inconclusive: it straddles the bound, or one seed (no interval). "
     "Published: the paper's effect where it states one (at paper scale; at tiny scale compare "
-    "the direction, not the size).")
+    "the direction, not the size). Seeds for a verdict: how many seeds a paired or one-sample "
+    "interval would need to clear the bound if the effect and the spread between seeds stayed "
+    "as measured (an estimate for planning, not a promise; '—': Welch's or no interval).")
 
 
 def number(value: float, signed: bool = False) -> str:
@@ -66,10 +68,18 @@ def display(rows: pd.DataFrame) -> pd.DataFrame:
                          else "—" for lo, hi, u in zip(rows["low"], rows["high"], unsigned,
                                                         strict=True)],
         "interval": rows["interval"], "seeds": rows["seeds"], "verdict": rows["verdict"],
+        "seeds for a verdict": [_needed(v) for v in rows["seeds_needed"]],
         "machines": rows["fingerprints"], "commits": rows["commits"]})
     if (rows["warning"] != "").any():
         out["warning"] = rows["warning"]
     return out
+
+
+def _needed(value: float) -> str:
+    """``seeds_needed`` as shown: a count, ``> 100`` past the search, '—' where none applies."""
+    if math.isnan(value):
+        return "—"
+    return f"> {verdicts.SEEDS_LIMIT}" if math.isinf(value) else str(int(value))
 
 
 def summary(rows: pd.DataFrame, skipped: int) -> str:

@@ -46,6 +46,7 @@ CLAIMS_FILE = Path(__file__).resolve().parent / "claims.yaml"
 VERSION = 1  # of the claims file's schema
 CONFIDENCE = 0.95
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+SEEDS_LIMIT = 100  # seeds_needed looks no further
 EFFECTS = ("difference", "ratio")
 DIRECTIONS = ("<", ">")
 REQUIRED = ("id", "claim", "sweep", "model", "a", "metric", "effect", "direction", "source")
@@ -321,6 +322,24 @@ def verdict(result: Interval, direction: str, bound: float) -> str:
     return REPRODUCED if holds else NOT_REPRODUCED if fails else INCONCLUSIVE
 
 
+def seeds_needed(result: Interval, bound: float, effect: str, limit: int = SEEDS_LIMIT
+                 ) -> float:
+    """How many seeds a paired or one-sample interval would need to lie wholly on one side of
+    ``bound`` if its estimate and the spread of its per-seed values stayed as measured: the
+    smallest m >= 2 with t(m - 1) s / sqrt(m) < |estimate - bound|, s the per-seed standard
+    deviation that ``result``'s half-width implies (on the log scale for ratios). NaN for
+    other intervals (Welch's, fewer than two values), inf beyond ``limit``."""
+    if math.isnan(result.low) or not result.kind.startswith(("paired t", "one-sample t")):
+        return math.nan
+    scale = math.log if effect == "ratio" else float
+    n, distance = int(result.n), abs(scale(result.estimate) - scale(bound))
+    spread = (scale(result.high) - scale(result.low)) / 2 / t_quantile(n - 1) * math.sqrt(n)
+    for m in range(2, limit + 1):
+        if t_quantile(m - 1) * spread / math.sqrt(m) < distance:
+            return float(m)
+    return math.inf
+
+
 # ---- judging the claims on runs ---------------------------------------------------------------
 def evaluate(frames: Frames, claims: list[Claim], scales: list[str] | None = None
              ) -> pd.DataFrame:
@@ -347,6 +366,7 @@ def evaluate(frames: Frames, claims: list[Claim], scales: list[str] | None = Non
 
 COLUMNS = ["id", "claim", "sweep", "scale", "model", "a", "b", "effect", "statement", "published",
            "published_source", "ours", "low", "high", "interval", "n", "seeds", "verdict",
+           "seeds_needed",
            "values_a", "values_b", "mean_a", "mean_b", "fingerprints", "commits", "machines",
            "warning", "runs", "source"]
 
@@ -388,6 +408,7 @@ def _row(frames: Frames, claim: Claim, scale: str, cells: list[pd.DataFrame],
             "ours": result.estimate, "low": result.low, "high": result.high,
             "interval": result.kind, "n": result.n, "seeds": _seeds(a, b),
             "verdict": verdict(result, claim.direction, claim.bound),
+            "seeds_needed": seeds_needed(result, claim.bound, claim.effect),
             "values_a": _per_seed(a), "values_b": _per_seed(b) if b is not None else "",
             "mean_a": float(a.mean()) if len(a) else math.nan,
             "mean_b": float(b.mean()) if b is not None and len(b) else math.nan,

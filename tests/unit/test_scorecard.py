@@ -93,6 +93,26 @@ def test_verdict_from_the_interval_and_the_bound(low, high, direction, bound, ex
         expected
 
 
+
+def test_seeds_needed_is_where_the_printed_t_interval_would_clear_the_bound():
+    # differences by seed with mean -1 and standard deviation 1, against a bound of 0: the
+    # interval clears 0 once t(m - 1) / sqrt(m) < 1, first at m = 7 (2.447 / 2.646 = 0.925;
+    # m = 6: 2.571 / 2.449 = 1.05), read from the printed table (t(5) = 2.571; t(6) = 2.447)
+    d = _series({0: -2.0, 1: -1.0, 2: 0.0})
+    got = verdicts.interval(d, _series({0: 0.0, 1: 0.0, 2: 0.0}), "difference")
+    assert verdicts.seeds_needed(got, 0.0, "difference") == 7
+    assert verdicts.seeds_needed(got, -1.0, "difference") == math.inf  # the estimate sits on it
+    assert verdicts.seeds_needed(got, 30.0, "difference") == 2  # far from it: any interval
+    # a ratio's interval is on the logs: ratios 1/e, 1, e (log mean 0, std 1) against e^-1
+    ratio = verdicts.interval(_series({0: math.exp(-1), 1: 1.0, 2: math.e}),
+                              _series({0: 1.0, 1: 1.0, 2: 1.0}), "ratio")
+    assert verdicts.seeds_needed(ratio, math.exp(-1), "ratio") == 7
+    welch = verdicts.interval(_series({0: 1.0, 1: 2.0}), _series({3: 5.0, 4: 7.0}),
+                              "difference")
+    one = verdicts.interval(_series({0: 1.0}), _series({0: 2.0}), "difference")
+    assert math.isnan(verdicts.seeds_needed(welch, 0.0, "difference"))
+    assert math.isnan(verdicts.seeds_needed(one, 0.0, "difference"))
+
 # ---- the claims file --------------------------------------------------------------------------
 def test_the_claims_file_loads_and_every_published_effect_is_found():
     claims = verdicts.load_claims()
@@ -227,6 +247,7 @@ def test_scorecard_judges_each_claim_of_the_runs_there(tmp_path, capsys):
     within = csv.loc["table1.resnet18.accordion_within"]  # -0.57 +- 0.38: within 1.12
     assert within["verdict"] == REPRODUCED and within["statement"] == \
         "final: accordion_rank2_rank1 - rank2 > -1.12"
+    assert 2 <= loses["seeds_needed"] <= 3  # decided at three seeds: needed no more
     data = csv.loc["table1.resnet18.accordion_less_data"]
     assert data["ours"] == pytest.approx(2.5 / 3) and data["verdict"] == REPRODUCED
     assert pd.isna(data["published"]) and pd.isna(csv.loc["table1.resnet18.accordion_within",
