@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import provenance, verdicts
+from analysis import provenance, tables, verdicts
 from analysis.load import COMPLETED, load_records
 
 CELL = ("model.name", "method", "variant")
@@ -87,14 +87,12 @@ def markdown(table: pd.DataFrame, keys: Sequence[str] = ()) -> str:
     settings that make cells) as given, so that 0.005 and 0.01 stay two cells."""
     if table.empty:
         return "(no cell has both methods)\n"
-    shown = table.astype(object).copy()
+    shown = table.astype(object)
     for column in shown.columns:
+        form = "{:g}" if column in keys else "{:.2f}"
         shown[column] = shown[column].map(
-            lambda v, key=column in keys: f"{v:g}" if isinstance(v, float) and key
-            else f"{v:.2f}" if isinstance(v, float) else str(v))
-    lines = ["| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
-    lines += ["| " + " | ".join(row) + " |" for row in shown.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+            lambda v, form=form: form.format(v) if isinstance(v, float) else str(v))
+    return tables.markdown(shown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
