@@ -157,7 +157,8 @@ def overview(folder: Path, claims_file: Path | None, scale: str) -> pd.DataFrame
                     **{v: int(counts.get(v, 0)) for v in (verdicts.REPRODUCED,
                                                           verdicts.NOT_REPRODUCED,
                                                           verdicts.INCONCLUSIVE)},
-                    "seeds": ", ".join(sorted(set(done["n"]), key=int)) or "—",
+                    "seeds": ", ".join(sorted(set(done["n"]), key=lambda n: (len(n), n)))
+                    or "—",  # n: "3", or "3 vs 2" for Welch's
                     "machines": ", ".join(sorted(set(", ".join(done["fingerprints"])
                                                      .split(", ")) - {""})) or "—",
                     "scorecard": ", ".join(sorted(set(done["file"]))) or "no scorecard"})

@@ -93,7 +93,6 @@ def test_verdict_from_the_interval_and_the_bound(low, high, direction, bound, ex
         expected
 
 
-
 def test_seeds_needed_is_where_the_printed_t_interval_would_clear_the_bound():
     # differences by seed with mean -1 and standard deviation 1, against a bound of 0: the
     # interval clears 0 once t(m - 1) / sqrt(m) < 1, first at m = 7 (2.447 / 2.646 = 0.925;
@@ -112,6 +111,7 @@ def test_seeds_needed_is_where_the_printed_t_interval_would_clear_the_bound():
     one = verdicts.interval(_series({0: 1.0}), _series({0: 2.0}), "difference")
     assert math.isnan(verdicts.seeds_needed(welch, 0.0, "difference"))
     assert math.isnan(verdicts.seeds_needed(one, 0.0, "difference"))
+
 
 # ---- the claims file --------------------------------------------------------------------------
 def test_the_claims_file_loads_and_every_published_effect_is_found():
@@ -284,7 +284,6 @@ def test_scorecard_bad_input_is_one_line_and_status_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "needs a list `claims`" in err
 
 
-
 def test_the_overview_counts_each_sweep_s_verdicts_against_its_claims(tmp_path, capsys):
     _table1(tmp_path / "runs", moved_seed=2)
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "cards" / "table1")]) == 0
@@ -303,6 +302,11 @@ def test_the_overview_counts_each_sweep_s_verdicts_against_its_claims(tmp_path, 
                                    "0f1e2d3c4b5a, a1b2c3d4e5f6"]
     assert rows["table2"][2:9] == ["0", "0", "0", "0", "—", "—", "no scorecard |"]
     assert f"3 of {sum(tiny.values())} judged, 3 reproduced, 0 not reproduced" in text
+    # a Welch interval's n (runs of a vs of b) is listed beside the paired ones
+    card = tmp_path / "cards" / "table1" / "scorecard.csv"
+    pd.read_csv(card, dtype=str).assign(n=["3", "3 vs 2", "10"]).to_csv(card, index=False)
+    assert main([str(tmp_path / "cards"), "--overview", "--out", str(tmp_path / "o")]) == 0
+    assert "| 3, 10, 3 vs 2 |" in (tmp_path / "o" / "scorecard_overview.md").read_text()
 
 
 def test_the_overview_refuses_a_claim_judged_twice_and_an_empty_folder(tmp_path, capsys):
@@ -317,6 +321,7 @@ def test_the_overview_refuses_a_claim_judged_twice_and_an_empty_folder(tmp_path,
     assert "no scorecard.csv below" in capsys.readouterr().err
     assert main([str(tmp_path / "cards"), "--overview", "--scale", "tiny", "paper"]) == 2
     assert "--overview counts one scale" in capsys.readouterr().err
+
 
 @pytest.mark.slow
 def test_scorecard_of_real_runs_agrees_with_their_records(analysis_runs, tmp_path):
