@@ -32,7 +32,11 @@ RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SC
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE) $(if $(OUT),--out $(OUT))
 # After a sweep: its analysis ($(1)), unless the sweep refused its input before starting anything
 # (exit status 2: bad config or missing data, said in one line), then the sweep's exit status.
-AFTER_SWEEP = status=$$?; if [ $$status -ne 2 ]; then $(1); fi; exit $$status
+AFTER_SWEEP = status=$$?; if [ $$status -ne 2 ]; then $(1) && $(DOCS_REFRESH); fi; exit $$status
+# Every target that writes a file under results/ ends here: the README's and docs/'s generated
+# blocks that embed it are rewritten (tools/docs.py), so the pages keep holding their sources
+# (make test checks it) whichever results a clone has regenerated.
+DOCS_REFRESH = $(PY) -m tools.docs refresh
 # make report / scorecard: SWEEP=, SCALE= (when given), OUT=
 ANALYSIS_ARGS = $(if $(SWEEP),--sweep $(SWEEP)) \
 	$(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) $(if $(OUT),--out $(OUT))
@@ -67,8 +71,9 @@ demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accor
 
 machines: $(VENV_STAMP) ## the demo's numbers per machine fingerprint and commit (rows of other machines kept) -> results/machines.{csv,md}
 	$(PY) -m analysis.machines $(RUNS)
+	@$(DOCS_REFRESH)
 
-$(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report
+$(addprefix reproduce-,$(SWEEPS)): reproduce-%: $(VENV_STAMP) ## sweep % (conf/sweep/%.yaml), then its report -> results/%/ (or OUT)
 	@$(RUN_SWEEP) sweep=$* $(ONLY); $(call AFTER_SWEEP,$(call REPORT,$*))
 
 reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after another
@@ -77,7 +82,7 @@ reproduce-all: $(addprefix reproduce-,$(SWEEPS)) ## every sweep, one after anoth
 # with ONLY (a part of the sweep) they are left to make reproduce-fig9. A sweep's exit status:
 # 1 some runs failed (go on), 2 its input was refused (stop).
 AUTO_FIG9 = sweep=fig9 variant=ours method=rank4,rank1,accordion_rank4_rank1,accordion_rank4_rank2
-reproduce-auto: $(VENV_STAMP) ## issue 30: measured endpoints vs hand-picked and fixed (conf/sweep/auto_endpoints.yaml, with fig9's VGG runs), then results/auto/ (or OUT)
+reproduce-auto: $(VENV_STAMP) ## issue 30: measured endpoints vs hand-picked and fixed (conf/sweep/auto_endpoints.yaml, with fig9's VGG runs) -> results/auto/ (or OUT)
 	@$(if $(ONLY),,{ $(RUN_SWEEP) $(AUTO_FIG9) || [ $$? -eq 1 ]; } || exit 2;) \
 	$(RUN_SWEEP) sweep=auto_endpoints $(ONLY); $(call AFTER_SWEEP,$(PY) -m \
 		analysis.auto_endpoints $(RUNS) --scale $(SCALE) --out $(or $(OUT),results/auto))
@@ -144,6 +149,7 @@ test-slurm: $(VENV_STAMP) ## the tests against a real Slurm (make slurm-up first
 
 mutate: $(VENV_STAMP) ## mutation testing of the glue modules (mutmut) [GROUPS="hook lr ..."] -> results/mutation/
 	$(PY) -m tools.mutate $(GROUPS)
+	@$(DOCS_REFRESH)
 
 lint: $(VENV_STAMP) ## ruff
 	$(PY) -m ruff check .
@@ -153,46 +159,59 @@ clean: ## remove ad-hoc run outputs (keeps .venv and the sweeps' results/runs)
 
 bench-simulated-memory: $(VENV_STAMP) ## peak RSS of simulated learners, W = 1/8/32/128 x every compressor -> results/bench/simulated_memory.{csv,md}
 	$(PY) -m benchmarks.simulated_memory
+	@$(DOCS_REFRESH)
 
 bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 run side by side [ARGS="--repeats 2 --epochs 16"] -> results/bench/numerics.{csv,md}
 	$(PY) -m benchmarks.numerics $(ARGS)
+	@$(DOCS_REFRESH)
 
 bench-portable-step: $(VENV_STAMP) ## where a tiny training step's time goes under portable numerics, op by op, beside the other CPU settings [ARGS="--steps 40"] -> results/bench/portable_step.{csv,md}
 	$(PY) -m benchmarks.portable_step $(ARGS)
+	@$(DOCS_REFRESH)
 
 bench-tiny-profile: $(VENV_STAMP) ## where one 2-worker tiny run's time goes (phases), per compressor, as 2 torchrun ranks and as 2 simulated learners [ARGS="--epochs 4"] -> results/bench/tiny_profile.{csv,md}
 	$(PY) -m benchmarks.tiny_profile $(ARGS)
+	@$(DOCS_REFRESH)
 
 bench-test-time: $(VENV_STAMP) ## make test's two pytest parts timed at 2 and 1 xdist workers, with the machine's busy fraction [ARGS="--runs unit:2 slow:2 slow:1 --baseline DIR"] -> results/bench/test_time.{csv,md} (~40 min)
 	$(PY) -m benchmarks.test_time $(ARGS)
+	@$(DOCS_REFRESH)
 
 bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}
 	$(PY) -m benchmarks.tiny_speed $(ARGS)
+	@$(DOCS_REFRESH)
 
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}; on the CPU then each kernel pass of issue 27's methods -> results/bench/compressors_profile.{csv,md}
 	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE)) $(if $(DEVICE),--device $(DEVICE))
 	$(if $(DEVICE),,$(PY) -m benchmarks.compressor_profile)
+	@$(DOCS_REFRESH)
 
 smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through NCCL, a resume, host syncs per step, NCCL vs gloo -> results/bench/smoke_gpu.md (skips without a GPU)
 	$(PY) -m benchmarks.smoke_gpu
+	@$(DOCS_REFRESH)
 
 report: $(VENV_STAMP) ## tables, figures, report of the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/<sweep>/
 	$(PY) -m analysis.report $(RUNS) $(ANALYSIS_ARGS)
+	@$(DOCS_REFRESH)
 
 scorecard: $(VENV_STAMP) ## verdicts on the papers' claims (analysis/claims.yaml) from the runs below RUNS [SWEEP=table1] [SCALE=tiny] [OUT=dir] -> results/scorecard.{md,html,csv}
 	$(PY) -m analysis.scorecard $(RUNS) $(ANALYSIS_ARGS)
+	@$(DOCS_REFRESH)
 
 E2E_OUT = results/bench$(if $(filter cuda,$(DEVICE)),/cuda)
-bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) [DEVICE=cuda: 2 GPUs, NCCL] -> $(E2E_OUT)/e2e.*, projection.*
+bench-e2e: $(VENV_STAMP) ## DDP steps over a rate-limited link (root: ip netns) [DEVICE=cuda: 2 GPUs, NCCL] -> results/bench/e2e.*, projection.* (cuda: results/bench/cuda/)
 	$(PY) -m benchmarks.e2e --out $(E2E_OUT) $(if $(DEVICE),--device $(DEVICE))
 	@if ls $(E2E_OUT)/raw/e2e/*-*.json >/dev/null 2>&1; then \
 		$(PY) -m benchmarks.projection --raw $(E2E_OUT)/raw/e2e --out $(E2E_OUT); \
 	else echo "bench-e2e: no records in $(E2E_OUT)/raw/e2e, no projection"; fi
+	@$(DOCS_REFRESH)
 
 bench-tta: $(VENV_STAMP) ## time to accuracy of run.py jobs over the link at ratio 4 (JOBS=file.yaml) -> results/bench/tta.*
 	$(PY) -m benchmarks.tta $(if $(JOBS),--jobs $(JOBS))
+	@$(DOCS_REFRESH)
 
 stress: $(VENV_STAMP) ## 50 back-to-back 2-rank runs over every compressor x scheduler -> results/bench/stress.{csv,md}; every test marked stress (faults, preemption, simulated learners for every compressor); the config fuzz with fresh random examples
 	$(PY) -m benchmarks.stress
+	@$(DOCS_REFRESH)
 	$(PY) -m pytest -q --stress -m stress tests $(PYTEST_FLAGS)
 	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q tests/unit/test_config_fuzz.py $(PYTEST_FLAGS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,33 @@ def test_every_link_and_anchor_resolves():
 
 def test_generated_blocks_hold_their_sources():
     assert docs.stale_blocks() == []
+
+
+# Targets whose help says they write under results/ (the pattern rules by one of their targets).
+RESULT_TARGET = re.compile(r"^(?:\$\(addprefix (?P<prefix>[\w-]+),[^)]*\)\)?: [\w%-]*"
+                           r"|(?P<name>[\w-]+)):[^#]*## .*-> [^ ]*results/", re.M)
+
+
+def _writers() -> list[str]:
+    found = []
+    for m in RESULT_TARGET.finditer((ROOT / "Makefile").read_text()):
+        found.append(m["name"] or {"reproduce-": "reproduce-table1",
+                                   "claim-": "claim-learners"}.get(m["prefix"], m["prefix"]))
+    return found
+
+
+def test_every_target_that_writes_results_refreshes_the_blocks_after():
+    """A clone that regenerates a result (make demo rewrites results/demo/ and machines.md) keeps
+    its pages' generated blocks current: each such target's commands, as `make -n` lists them,
+    end with tools.docs refresh (pytest aside; caught: machines, hence demo, without it)."""
+    writers = _writers()
+    assert {"demo", "machines", "reproduce-table1", "bench-e2e", "reproduce-auto"} <= set(writers)
+    for target in writers:
+        listed = subprocess.run(["make", "-n", "--no-print-directory", target, "SCALE=tiny"],
+                                cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        commands = [line for line in listed.splitlines()  # what runs python, tests aside
+                    if ".venv/bin/python" in line and "-m pytest" not in line]
+        assert commands and "-m tools.docs refresh" in commands[-1], (target, commands[-3:])
 
 
 def test_no_measured_number_outside_a_generated_block():
