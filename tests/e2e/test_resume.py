@@ -56,13 +56,17 @@ def test_powersgd_resumed_at_an_epoch_end_equals_the_run_that_never_stopped(tmp_
     # Issue 23's case: with 2 threads per rank MKL's products round differently at other
     # offsets of a bucket; DDP's first step after a resume had one bucket where the run that
     # never stopped had its rebuilt ones (training/buckets.py settles them before step 0).
+    # The drift shows only where MKL's threaded products round by offset (not on the AVX2 EPYC:
+    # there this passes without the settling too); tests/unit/test_buckets.py checks the layout
+    # itself everywhere.
     common = [*TINY, "dataset.subset=256", "compressor=powersgd", "compressor.rank=1",
               "trainer.numerics=native"]
     env = {"OMP_NUM_THREADS": "2"}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert_ok(run_cli([*common, "trainer.epochs=3", f"hydra.run.dir={straight}"], 2, env))
+    # one epoch after the resume shows it: the drift starts at the resumed run's first step
+    assert_ok(run_cli([*common, "trainer.epochs=2", f"hydra.run.dir={straight}"], 2, env))
     assert_ok(run_cli([*common, "trainer.epochs=1", f"hydra.run.dir={resumed}"], 2, env))
-    assert_ok(run_cli([*common, "trainer.epochs=3", "resume=true", f"hydra.run.dir={resumed}"],
+    assert_ok(run_cli([*common, "trainer.epochs=2", "resume=true", f"hydra.run.dir={resumed}"],
                       2, env))
     for row_a, row_b in zip(read_rows(straight), read_rows(resumed), strict=True):
         assert {k: v for k, v in row_a.items() if k not in TIMING} == \
