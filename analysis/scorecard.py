@@ -159,10 +159,25 @@ def overview(folder: Path, claims_file: Path | None, scale: str) -> pd.DataFrame
                                                           verdicts.INCONCLUSIVE)},
                     "seeds": ", ".join(sorted(set(done["n"]), key=lambda n: (len(n), n)))
                     or "—",  # n: "3", or "3 vs 2" for Welch's
+                    "seeds to decide": _seeds_to_decide(done),
                     "machines": ", ".join(sorted(set(", ".join(done["fingerprints"])
                                                      .split(", ")) - {""})) or "—",
                     "scorecard": ", ".join(sorted(set(done["file"]))) or "no scorecard"})
     return pd.DataFrame(out)
+
+
+def _seeds_to_decide(done: pd.DataFrame) -> str:
+    """The most seeds any inconclusive claim of ``done`` would need for a verdict if its effect
+    and spread stayed as measured (the scorecards' ``seeds_needed``); "?" where one has no such
+    number (a Welch interval, or a scorecard written before the column), "—" with none."""
+    open_ = done[done["verdict"] == verdicts.INCONCLUSIVE]
+    if open_.empty:
+        return "—"
+    needed = pd.to_numeric(open_.get("seeds_needed", pd.Series(index=open_.index, dtype=str)),
+                           errors="coerce")
+    if needed.isna().any():
+        return "?"
+    return f"> {verdicts.SEEDS_LIMIT}" if math.isinf(needed.max()) else str(int(needed.max()))
 
 
 def write_overview(table: pd.DataFrame, out: Path, command: str, scale: str) -> Path:
@@ -176,7 +191,10 @@ def write_overview(table: pd.DataFrame, out: Path, command: str, scale: str) -> 
         f"sweep, and the verdicts of the scorecards below the folder: {total['judged']} of "
         f"{total['claims']} judged, {total[verdicts.REPRODUCED]} reproduced, "
         f"{total[verdicts.NOT_REPRODUCED]} not reproduced, {total[verdicts.INCONCLUSIVE]} "
-        f"inconclusive. `seeds`: seeds per verdict.\n\n{tables.markdown(table)}")
+        f"inconclusive. `seeds`: seeds per verdict; `seeds to decide`: the most seeds an "
+        f"inconclusive claim of the sweep would need for a verdict, were its effect and seed "
+        f"spread as measured (`?`: not computed for one of them, a Welch interval or an older "
+        f"scorecard).\n\n{tables.markdown(table)}")
     return path
 
 

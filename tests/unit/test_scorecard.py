@@ -17,7 +17,14 @@ from omegaconf import OmegaConf
 
 from analysis import reference, verdicts
 from analysis.scorecard import main
-from analysis.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Interval, load_claims
+from analysis.verdicts import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    SEEDS_LIMIT,
+    Interval,
+    load_claims,
+)
 from core.errors import ConfigError
 from jobs import sweeps
 from tests.analysis_fixture import (
@@ -297,16 +304,24 @@ def test_the_overview_counts_each_sweep_s_verdicts_against_its_claims(tmp_path, 
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:]
             for line in text.splitlines() if line.startswith("| ") and "---" not in line}
     assert list(rows)[1:] == [s for s, n in tiny.items() if n]  # in the claims file's order
-    # claims, judged, reproduced, not reproduced, inconclusive, seeds, machines
-    assert rows["table1"][1:8] == [str(tiny["table1"]), "3", "3", "0", "0", "3",
+    # claims, judged, reproduced, not reproduced, inconclusive, seeds, seeds to decide, machines
+    assert rows["table1"][1:9] == [str(tiny["table1"]), "3", "3", "0", "0", "3", "—",
                                    "0f1e2d3c4b5a, a1b2c3d4e5f6"]
-    assert rows["table2"][2:9] == ["0", "0", "0", "0", "—", "—", "no scorecard |"]
+    assert rows["table2"][2:10] == ["0", "0", "0", "0", "—", "—", "—", "no scorecard |"]
     assert f"3 of {sum(tiny.values())} judged, 3 reproduced, 0 not reproduced" in text
     # a Welch interval's n (runs of a vs of b) is listed beside the paired ones
     card = tmp_path / "cards" / "table1" / "scorecard.csv"
     pd.read_csv(card, dtype=str).assign(n=["3", "3 vs 2", "10"]).to_csv(card, index=False)
     assert main([str(tmp_path / "cards"), "--overview", "--out", str(tmp_path / "o")]) == 0
     assert "| 3, 10, 3 vs 2 |" in (tmp_path / "o" / "scorecard_overview.md").read_text()
+    # seeds to decide: the most that an inconclusive claim needs; beyond the limit; not computed
+    for needed, shown in (["12", "3", "40"], "40"), (["inf", "3", "5"], f"> {SEEDS_LIMIT}"), \
+            (["", "3", "5"], "?"):
+        pd.read_csv(card, dtype=str).assign(verdict=[INCONCLUSIVE, REPRODUCED, INCONCLUSIVE],
+                                            seeds_needed=needed).to_csv(card, index=False)
+        assert main([str(tmp_path / "cards"), "--overview", "--out", str(tmp_path / "o")]) == 0
+        text = (tmp_path / "o" / "scorecard_overview.md").read_text()
+        assert f"| 3, 10, 3 vs 2 | {shown} |" in text, needed
 
 
 def test_the_overview_refuses_a_claim_judged_twice_and_an_empty_folder(tmp_path, capsys):
