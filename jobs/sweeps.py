@@ -29,6 +29,7 @@ import hashlib
 import itertools
 import json
 import os
+import statistics
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,7 @@ class Plan:
     workers: int                 # processes per run (ranks; 1 for simulated learners)
     jobs: list[Job] = field(default_factory=list)
     parallel: int = 1            # runs launched at once
+    measured: Rates | None = None  # this machine's measured rates (tiny scale)
 
     def todo(self) -> list[Job]:
         """The runs a launch starts (all but the completed and the refused ones)."""
@@ -146,7 +148,26 @@ class Plan:
                  + (f", {self.count(None)} refused" if self.count(None) else ""),
                  f"  compute of the {len(self.todo())} to run: {flops / 1e15:.3g} PFLOP, "
                  f"about {self._device_time(flops)}"]
+        if self.scale == "tiny" and self.measured is not None and any(
+                str(j.cfg.model.name) in self.measured.per_model for j in self.todo()):
+            lines.append(self._measured_time())
         return "\n".join(lines)
+
+    def _measured_time(self) -> str:
+        """The tiny estimate again at the FLOP rates this machine's complete runs reached."""
+        assert self.measured is not None
+        rates, todo, overall = self.measured.per_model, self.todo(), self.measured.overall
+        seconds = sum(j.flops / rates.get(str(j.cfg.model.name), (overall, 0))[0] for j in todo)
+        minutes = (seconds + len(todo) * START_S * self.workers) / 60  # core-minutes
+        cores = self.workers * self.parallel
+        used = sorted({str(j.cfg.model.name) for j in todo} & rates.keys())
+        assumed = sum(str(j.cfg.model.name) not in rates for j in todo)
+        return (f"  at the rates measured here ({self.measured.machine}; median GFLOP/s per core "
+                f"of the complete tiny runs below {self.measured.root}: "
+                + ", ".join(f"{m} {rates[m][0] / 1e9:.1f} ({rates[m][1]} runs)" for m in used)
+                + f"): about {minutes / cores:.0f} min on {cores} cores"
+                + (f" ({assumed} runs of models without records at the median of all "
+                   f"{sum(n for _, n in rates.values())}: {overall / 1e9:.1f})" if assumed else ""))
 
     def show(self, mode: str, defaults: DictConfig | None = None) -> str:
         """Each run's resolved config (``mode="config"``: what its ``config.yaml`` will hold) or
@@ -180,12 +201,50 @@ class Plan:
                 f"one run after another; {GPU_FLOPS / 1e12:.0f} TFLOP/s per GPU assumed)")
 
 
+@dataclass
+class Rates:
+    """FLOP/s of one core that a machine's complete tiny runs reached, per model name."""
+
+    machine: str                            # provenance.machine_label: CPU, ISA, cores, numerics
+    root: Path                              # where the records were read
+    per_model: dict[str, tuple[float, int]]  # model name: (median FLOP/s, runs)
+    overall: float = CPU_FLOPS               # the median of every run (for other models)
+
+
+def measured_rates(root: Path, machine: str) -> Rates:
+    """The rates of the complete tiny runs below ``root`` whose last start ran on ``machine``
+    (a :func:`core.provenance.machine_label`): :func:`run_flops` of each run's config over its
+    recorded ``total_time_s`` and its processes (one for simulated learners, else one per
+    rank, each on a core of its own as sweeps run them), the median per model. Runs that shared
+    their cores with another sweep lower it."""
+    found: dict[str, list[float]] = {}
+    cache: dict[str, float] = {}
+    for summary in sorted(root.rglob("summary.json")) if root.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
+            record = json.loads(summary.read_text())
+            start = record["starts"][-1]
+            if record["status"] != "completed" or start["machine"] != machine \
+                    or float(record["total_time_s"]) <= 0:
+                continue
+            processes = 1 if start["launcher"] == "simulated" else int(start["world_size"])
+            cfg = OmegaConf.load(summary.parent / "config.yaml")
+            if cfg.get("scale") == "tiny":
+                rate = run_flops(cfg, cache) / float(record["total_time_s"]) / processes
+                found.setdefault(str(cfg.model.name), []).append(rate)
+    every = [r for v in found.values() for r in v]
+    return Rates(machine, root, {m: (float(statistics.median(v)), len(v))
+                                 for m, v in sorted(found.items())},
+                 float(statistics.median(every)) if every else CPU_FLOPS)
+
+
 def make_plan(name: str, scale: str | None, workers: int, job_overrides: list[list[str]],
               compose: Callable[[list[str]], DictConfig],
-              is_group: Callable[[str], bool] | None = None, parallel: int = 1) -> Plan:
+              is_group: Callable[[str], bool] | None = None, parallel: int = 1,
+              measured: Rates | None = None) -> Plan:
     """Compose every run (:func:`compose_runs`) and find what launching it would do
-    (``workers``: processes per run, ``parallel``: runs at once)."""
-    plan = Plan(name, scale, workers, parallel=parallel)
+    (``workers``: processes per run, ``parallel``: runs at once; ``measured``: this machine's
+    rates, for a second estimate of a tiny plan's time)."""
+    plan = Plan(name, scale, workers, parallel=parallel, measured=measured)
     flops_cache: dict[str, float] = {}
     for num, (overrides, cfg) in enumerate(zip(job_overrides,
                                                compose_runs(job_overrides, compose, is_group),

@@ -83,7 +83,8 @@ class RunsSweeper(Sweeper):
             jobs = sweeps.expand(self.groups, self.params, arguments, cfg.get("scale"))
             plan = sweeps.make_plan(str(cfg.get("sweep")), cfg.get("scale"), _workers(cfg), jobs,
                                     compose, loader.repository.group_exists,
-                                    parallel=int(cfg.hydra.launcher.get("parallel") or 1))
+                                    parallel=int(cfg.hydra.launcher.get("parallel") or 1),
+                                    measured=_measured(cfg))
             print(plan.describe(), flush=True)
             if self.show:  # diff: against `python run.py` without overrides
                 defaults = loader.load_configuration(cfg.hydra.job.config_name, [], RunMode.RUN)
@@ -133,6 +134,18 @@ def _check_launcher(cfg: DictConfig) -> None:
     for key in ("nproc_per_node", "parallel"):
         if key in cfg.hydra.launcher:
             check_int(cfg.hydra.launcher[key], f"hydra.launcher.{key}", 1)
+
+
+def _measured(cfg: DictConfig) -> Any:
+    """At tiny scale, the FLOP rates of this machine's complete runs below ``runs_root`` under
+    the sweep's numerics (jobs.sweeps.measured_rates); None at other scales."""
+    from core import provenance
+    from jobs import sweeps
+
+    if cfg.get("scale") != "tiny":
+        return None
+    machine = provenance.machine_label(provenance.collect(str(cfg.trainer.numerics), 1, "plan"))
+    return sweeps.measured_rates(Path(str(cfg.runs_root)), machine)
 
 
 def _workers(cfg: DictConfig) -> int:

@@ -486,6 +486,48 @@ def test_plan_counts_and_refuses_a_foreign_directory(tmp_path):
         sweeps.check_directories(plan)
 
 
+def test_a_tiny_plan_is_timed_again_at_the_rates_this_machine_measured(tmp_path):
+    arguments = ["sweep=table1", "scale=tiny", f"runs_root={tmp_path}", "model=resnet18", "seed=0",
+                 "variant=ours"]
+    cfg = sweep_config("table1", "scale=tiny", f"runs_root={tmp_path}")
+    todo = sweeps.expand(cfg.hydra.sweeper.groups, cfg.hydra.sweeper.params, arguments, "tiny")
+    jobs = sweeps.make_plan("table1", "tiny", 1, todo, compose_job).jobs
+    here, other = "CPU (AVX2) x2, portable", "CPU (AVX2) x2, native"
+
+    def done(job, seconds: float, machine: str = here, launcher: str = "simulated",
+             status: str = "completed", name: str = "") -> None:
+        path = job.run_dir.with_name(job.run_dir.name + name)
+        write_record(path, job.cfg, status)
+        start = {"machine": machine, "launcher": launcher, "world_size": 2}
+        (path / "summary.json").write_text(json.dumps(
+            {"status": status, "total_time_s": seconds, "starts": [start]}))
+
+    flops = sweeps.run_flops(jobs[0].cfg)
+    done(jobs[0], 6000.0)                         # one process: flops / 6000 per core
+    done(jobs[0], 1500.0, launcher="local", name="_ranks")  # 2 ranks: flops / 3000 per core
+    done(jobs[0], 1.0, machine=other, name="_other")  # another machine's or numerics' runs,
+    done(jobs[0], 1.0, status="diverged", name="_diverged")  # incomplete ones: not read
+    rates = sweeps.measured_rates(tmp_path, here)
+    rate = (flops / 6000 + flops / 3000) / 2
+    assert rates.per_model == {"resnet18": (pytest.approx(rate), 2)} and rates.overall == \
+        pytest.approx(rate)
+    plan = sweeps.make_plan("table1", "tiny", 1, todo, compose_job, parallel=2, measured=rates)
+    left = plan.todo()
+    assert len(left) == 2  # the first run is complete
+    minutes = (sum(j.flops for j in left) / rate + 2 * sweeps.START_S) / 60 / 2
+    line = plan.describe().splitlines()[-1]
+    assert line.startswith(f"  at the rates measured here ({here}; ")
+    assert line.endswith(f"resnet18 {rate / 1e9:.1f} (2 runs)): about {minutes:.0f} min on 2 "
+                         "cores"), line
+    ranks = sweeps.make_plan("table1", "tiny", 2, todo, compose_job, measured=rates)  # torchrun
+    minutes = (sum(j.flops for j in left) / rate + 2 * sweeps.START_S * 2) / 60 / 2
+    assert ranks.describe().endswith(f"about {minutes:.0f} min on 2 cores")
+    assert sweeps.measured_rates(tmp_path / "none", here).per_model == {}
+    other_model = sweeps.make_plan("table1", "tiny", 1, todo, compose_job,
+                                   measured=sweeps.Rates(here, tmp_path, {"vgg19bn": (1e9, 3)}))
+    assert "at the rates measured here" not in other_model.describe()  # none of its models
+
+
 def test_variant_without_an_implementation_is_refused(compose_cfg, tmp_path):
     cfg = compose_cfg("sweep=table1", "benchmark=cifar10", "scale=tiny", "method=batch512",
                       "variant=noef")
