@@ -51,7 +51,7 @@ SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
-	bench-e2e bench-numerics bench-portable-step bench-test-time bench-tiny-profile bench-tiny-speed bench-tta plan dashboard reproduce-all reproduce-auto reproduce-zoo \
+	bench-e2e bench-numerics bench-portable-step bench-test-time bench-tiny-profile bench-tiny-speed bench-tta plan plan-all dashboard reproduce-all reproduce-auto reproduce-zoo \
 	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines slurm-up slurm-down test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
@@ -105,6 +105,11 @@ $(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on 
 
 plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute) [SHOW=config|diff: each run's resolved config, or its diff against the defaults]
 	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true $(if $(SHOW),hydra.sweeper.show=$(SHOW))
+
+plan-all: $(VENV_STAMP) ## every sweep's plan in one table: runs, complete, and the time of the rest and of the whole suite at this machine's measured rates (tiny) [SCALE=tiny] [SEEDS=0,1,2] -> results/plan_$(SCALE).md
+	$(PY) -m jobs.suite --scale $(SCALE) --runs $(RUNS) $(if $(SEEDS),--seeds $(SEEDS)) \
+		--out results/plan_$(SCALE).md
+	@$(DOCS_REFRESH)
 
 dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs [SCALE=tiny] (needs WANDB_API_KEY, online)
 	@$(PY) -m analysis.dashboard $(SWEEP) $(if $(filter-out file,$(origin SCALE)),--scale $(SCALE)) \

@@ -153,13 +153,29 @@ class Plan:
             lines.append(self._measured_time())
         return "\n".join(lines)
 
+    def cores(self) -> int:
+        """The CPU cores a tiny launch keeps busy: a core per process, runs side by side."""
+        return self.workers * self.parallel
+
+    def core_minutes(self, measured: bool = False, every: bool = False) -> float:
+        """CPU core-minutes of the runs to do at tiny scale (``every``: of all the plan's runs,
+        complete ones too): their FLOPs at the assumed rate (or, ``measured``, at
+        :attr:`measured`'s rate of their model, else the median of all), plus the start-up of
+        each process."""
+        todo = self.jobs if every else self.todo()
+        if measured and self.measured is not None:
+            rates, overall = self.measured.per_model, self.measured.overall
+            seconds = sum(j.flops / rates.get(str(j.cfg.model.name), (overall, 0))[0]
+                          for j in todo)
+        else:
+            seconds = sum(j.flops for j in todo) / CPU_FLOPS
+        return (seconds + len(todo) * START_S * self.workers) / 60
+
     def _measured_time(self) -> str:
         """The tiny estimate again at the FLOP rates this machine's complete runs reached."""
         assert self.measured is not None
         rates, todo, overall = self.measured.per_model, self.todo(), self.measured.overall
-        seconds = sum(j.flops / rates.get(str(j.cfg.model.name), (overall, 0))[0] for j in todo)
-        minutes = (seconds + len(todo) * START_S * self.workers) / 60  # core-minutes
-        cores = self.workers * self.parallel
+        minutes, cores = self.core_minutes(measured=True), self.cores()
         used = sorted({str(j.cfg.model.name) for j in todo} & rates.keys())
         assumed = sum(str(j.cfg.model.name) not in rates for j in todo)
         return (f"  at the rates measured here ({self.measured.machine}; median GFLOP/s per core "
@@ -192,8 +208,7 @@ class Plan:
 
     def _device_time(self, flops: float) -> str:
         if self.scale == "tiny":
-            minutes = flops / CPU_FLOPS / 60 + len(self.todo()) * START_S * self.workers / 60
-            cores = self.workers * self.parallel
+            minutes, cores = self.core_minutes(), self.cores()
             return (f"{minutes:.0f} CPU core-minutes ({minutes / cores:.0f} min on {cores} "
                     f"cores; {CPU_FLOPS / 1e9:.0f} GFLOP/s per core assumed)")
         hours = flops / GPU_FLOPS / 3600
