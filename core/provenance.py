@@ -73,11 +73,16 @@ def made_here(mode: str = "native") -> str:
     return f"{prov['machine']} (fingerprint {prov['fingerprint']}), {code}"
 
 
+# What cannot change a number: the results and pages that make targets rewrite (results/, the
+# generated blocks of docs/ and the README: tools/docs.py), and markdown anywhere. Git pathspecs.
+NOT_CODE = (":!results", ":!docs", ":!*.md")
+
+
 def code_changed(root: Path = ROOT) -> bool:
-    """Whether tracked files other than results/ (the tables benchmarks write, which change
-    while one benchmark follows another) differ from HEAD."""
+    """Whether tracked files other than :data:`NOT_CODE` (the tables benchmarks write, which
+    change while one benchmark follows another) differ from HEAD."""
     done = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no",
-                           "--", ".", ":!results"], capture_output=True, text=True, check=False)
+                           "--", ".", *NOT_CODE], capture_output=True, text=True, check=False)
     return bool(done.stdout.strip())
 
 
@@ -99,7 +104,9 @@ def machine_label(prov: dict[str, Any]) -> str:
 
 def git_state(root: Path = ROOT) -> dict[str, Any]:
     """``{"commit", "dirty", "diff_sha256"}`` of the checkout at ``root`` (untracked files count
-    as changes; their names, not contents, enter the hash); Nones outside a git checkout."""
+    as changes; their names, not contents, enter the hash; :data:`NOT_CODE` does not: a sweep's
+    own reports and refreshed pages leave the next run's checkout clean); Nones outside a git
+    checkout."""
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", "-C", str(root), *args], capture_output=True,
@@ -111,8 +118,8 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None, "diff_sha256": None}
-    diff = (git("diff", "HEAD", "--binary") or "") + (
-        git("ls-files", "--others", "--exclude-standard") or "")
+    diff = (git("diff", "HEAD", "--binary", "--", ".", *NOT_CODE) or "") + (
+        git("ls-files", "--others", "--exclude-standard", "--", ".", *NOT_CODE) or "")
     return {"commit": commit.strip(), "dirty": bool(diff),
             "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None}
 

@@ -126,3 +126,9 @@ def test_git_state_sees_uncommitted_changes(tmp_path):
     added = provenance.git_state(tmp_path)
     assert edited["dirty"] and added["dirty"] and edited["commit"] == clean["commit"]
     assert len({edited["diff_sha256"], added["diff_sha256"]}) == 2
+    # results, pages and markdown (what make targets rewrite) change no number: not counted
+    (tmp_path / "results").mkdir()
+    (tmp_path / "docs").mkdir()
+    for name in ("results/table.md", "results/curves.png", "docs/page.md", "notes.md"):
+        (tmp_path / name).write_text("x")
+    assert provenance.git_state(tmp_path) == added
