@@ -107,7 +107,7 @@ plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete 
 	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true $(if $(SHOW),hydra.sweeper.show=$(SHOW))
 
 plan-all: $(VENV_STAMP) ## every sweep's plan in one table: runs, complete, and the time of the rest and of the whole suite at this machine's measured rates (tiny) [SCALE=tiny] [SEEDS=0,1,2] -> results/plan_$(SCALE).md
-	$(PY) -m jobs.suite --scale $(SCALE) --runs $(RUNS) $(if $(SEEDS),--seeds $(SEEDS)) \
+	$(PY) -m analysis.suite_plan --scale $(SCALE) --runs $(RUNS) $(if $(SEEDS),--seeds $(SEEDS)) \
 		--out results/plan_$(SCALE).md
 	@$(DOCS_REFRESH)
 

@@ -1,13 +1,14 @@
-"""`make plan-all` (jobs/suite.py): every sweep's plan in one table, with the suite's time at the
-rates this machine's records show."""
+"""`make plan-all` (analysis/suite_plan.py): every sweep's plan in one table, with the suite's
+time at the rates this machine's records show."""
 
 from __future__ import annotations
 
 import json
 import re
 
+from analysis import suite_plan as suite
 from core import provenance
-from jobs import runs, suite, sweeps
+from jobs import runs, sweeps
 from tests.conftest import ROOT
 
 

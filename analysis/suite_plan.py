@@ -1,7 +1,7 @@
 """Every sweep's plan in one table, with the suite's total: what ``make reproduce-all`` would run
 and how long it would take here (``make plan-all``).
 
-    python -m jobs.suite [--scale tiny] [--runs results/runs] [--seeds 0,1,2] [--out FILE]
+    python -m analysis.suite_plan [--scale tiny] [--runs results/runs] [--seeds 0,1,2] [--out FILE]
 
 Each sweep is planned as ``make reproduce-<sweep>`` launches it (tiny: 2 simulated learners per
 run, two runs at a time; paper: 4 torchrun ranks per run) and as ``make plan`` prints it
@@ -101,8 +101,8 @@ def markdown(rows: list[dict[str, object]]) -> str:
 def main(argv: Sequence[str] | None = None, names: Sequence[str] = SWEEPS) -> int:
     """The command line (see the module doc; ``names``: the sweeps); exit status 2 on bad
     input."""
-    parser = argparse.ArgumentParser(prog="python -m jobs.suite", description=__doc__.split(
-        "\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.suite_plan",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--scale", choices=sorted(LAUNCH), default="tiny")
     parser.add_argument("--runs", type=Path, default=Path("results/runs"),
                         help="where the run directories are (make's RUNS)")
@@ -116,8 +116,9 @@ def main(argv: Sequence[str] | None = None, names: Sequence[str] = SWEEPS) -> in
         return 2
     rows = table(found)
     measured = found[0].measured
-    lines = [f"Command: `python -m jobs.suite {' '.join(sys.argv[1:] if argv is None else argv)}`"
-             f". Every sweep of `make reproduce-all SCALE={args.scale}`, against the records "
+    shown = " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [f"Command: `python -m analysis.suite_plan {shown}`. Every sweep of "
+             f"`make reproduce-all SCALE={args.scale}`, against the records "
              f"below {args.runs}."]
     if measured is not None:
         lines.append(f"Wall minutes of the runs to do, two at a time on 2 cores: at the assumed "
