@@ -181,7 +181,7 @@ class Plan:
         return (f"  at the rates measured here ({self.measured.machine}; median GFLOP/s per core "
                 f"of the complete tiny runs below {self.measured.root}: "
                 + ", ".join(f"{m} {rates[m][0] / 1e9:.1f} ({rates[m][1]} runs)" for m in used)
-                + f"): about {minutes / cores:.0f} min on {cores} cores"
+                + f"): about {minutes / cores:.0f} min on {_count(cores, 'core')}"
                 + (f" ({assumed} runs of models without records at the median of all "
                    f"{sum(n for _, n in rates.values())}: {overall / 1e9:.1f})" if assumed else ""))
 
@@ -209,11 +209,17 @@ class Plan:
     def _device_time(self, flops: float) -> str:
         if self.scale == "tiny":
             minutes, cores = self.core_minutes(), self.cores()
-            return (f"{minutes:.0f} CPU core-minutes ({minutes / cores:.0f} min on {cores} "
-                    f"cores; {CPU_FLOPS / 1e9:.0f} GFLOP/s per core assumed)")
+            return (f"{minutes:.0f} CPU core-minutes ({minutes / cores:.0f} min on "
+                    f"{_count(cores, 'core')}; {CPU_FLOPS / 1e9:.0f} GFLOP/s per core assumed)")
         hours = flops / GPU_FLOPS / 3600
-        return (f"{hours:.0f} GPU-hours ({hours / self.workers:.0f} h on {self.workers} GPUs, "
+        return (f"{hours:.0f} GPU-hours ({hours / self.workers:.0f} h on "
+                f"{_count(self.workers, 'GPU')}, "
                 f"one run after another; {GPU_FLOPS / 1e12:.0f} TFLOP/s per GPU assumed)")
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 core``, ``2 cores``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 @dataclass

@@ -522,6 +522,8 @@ def test_a_tiny_plan_is_timed_again_at_the_rates_this_machine_measured(tmp_path)
     ranks = sweeps.make_plan("table1", "tiny", 2, todo, compose_job, measured=rates)  # torchrun
     minutes = (sum(j.flops for j in left) / rate + 2 * sweeps.START_S * 2) / 60 / 2
     assert ranks.describe().endswith(f"about {minutes:.0f} min on 2 cores")
+    alone = sweeps.make_plan("table1", "tiny", 1, todo, compose_job, measured=rates)
+    assert alone.describe().endswith(" min on 1 core") and "min on 1 core;" in alone.describe()
     assert sweeps.measured_rates(tmp_path / "none", here).per_model == {}
     other_model = sweeps.make_plan("table1", "tiny", 1, todo, compose_job,
                                    measured=sweeps.Rates(here, tmp_path, {"vgg19bn": (1e9, 3)}))
