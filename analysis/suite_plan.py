@@ -23,7 +23,6 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from analysis import tables
-from core import provenance
 from core.errors import ConfigError
 from jobs import sweeps
 
@@ -41,10 +40,8 @@ def plans(scale: str, runs: Path, seeds: str | None, names: Sequence[str] = SWEE
     """The plan of each sweep of ``names`` at ``scale`` against the records below ``runs``
     (``seeds``: e.g. "0,1,2"; None: each sweep's own)."""
     overrides, workers, parallel = LAUNCH[scale]
-    measured = None
-    if scale == "tiny":
-        machine = provenance.machine_label(provenance.collect("portable", 1, "plan"))
-        measured = sweeps.measured_rates(runs, machine)
+    # tiny runs keep trainer.numerics' default, portable (conf/trainer/default.yaml)
+    measured = sweeps.rates_here(runs, "portable") if scale == "tiny" else None
     out = []
     with initialize_config_dir(str(CONF), version_base="1.3"):
         group_exists = GlobalHydra.instance().config_loader().repository.group_exists

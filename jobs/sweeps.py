@@ -258,6 +258,14 @@ def measured_rates(root: Path, machine: str) -> Rates:
                  float(statistics.median(every)) if every else CPU_FLOPS)
 
 
+def rates_here(root: Path, numerics: str) -> Rates:
+    """:func:`measured_rates` of the runs below ``root`` that ran on this machine under
+    ``numerics`` (trainer.numerics)."""
+    from core import provenance
+
+    return measured_rates(root, provenance.machine_label(provenance.collect(numerics, 1, "plan")))
+
+
 def make_plan(name: str, scale: str | None, workers: int, job_overrides: list[list[str]],
               compose: Callable[[list[str]], DictConfig],
               is_group: Callable[[str], bool] | None = None, parallel: int = 1,

@@ -139,13 +139,11 @@ def _check_launcher(cfg: DictConfig) -> None:
 def _measured(cfg: DictConfig) -> Any:
     """At tiny scale, the FLOP rates of this machine's complete runs below ``runs_root`` under
     the sweep's numerics (jobs.sweeps.measured_rates); None at other scales."""
-    from core import provenance
     from jobs import sweeps
 
     if cfg.get("scale") != "tiny":
         return None
-    machine = provenance.machine_label(provenance.collect(str(cfg.trainer.numerics), 1, "plan"))
-    return sweeps.measured_rates(Path(str(cfg.runs_root)), machine)
+    return sweeps.rates_here(Path(str(cfg.runs_root)), str(cfg.trainer.numerics))
 
 
 def _workers(cfg: DictConfig) -> int:
