@@ -13,15 +13,19 @@ are largest)::
     pass 3   S = every entry above T and the first ones equal to T (k in all), in index order:
              their values and indices go to the message, and e = 0 there
 
-    topk_decompress   out = (1/W) sum_w sparse_w, block by block (zeros and sums in one pass)
+    topk_decompress   out = (1/W) sum_w sparse_w, block by block: each block summed in an L1
+                      buffer, then streamed out (out is only written: no read for ownership)
 
 A layer of SAMPLED_MIN elements or more skips the histogram of every element (about as costly
 as the add itself) and pass 2: a sample of SAMPLE entries of acc (read at fixed pseudo-random
-places before pass 1) brackets the k-th largest |acc| between two buckets, give or take 4
+places before pass 1, each prefetched a few reads ahead: every read misses the cache) brackets
+the k-th largest |acc| between two buckets, give or take 4
 binomial standard deviations; pass 1 then stores acc, counts the entries above the bracket and
 keeps the keys inside it (a few percent of the layer), and both histograms run over those
 candidates only. Where the sample was off (T outside the bracket, or more candidates than the
 workspace holds) a histogram of acc follows, as above. Either way T is exact: the same bits.
+Each histogram is scanned from the highest bucket it counted, not from its last one (gradients'
+keys sit far below it, and on a small layer that scan cost more than the pass).
 
 Pass 2 and 3 re-read the layer right after pass 1, mostly from the last-level cache. On x86-64
 CPUs with AVX2 they run eight lanes at a time (pass 3 packs the kept lanes with a permutation
@@ -83,4 +87,5 @@ def decompress(lib: ctypes.CDLL, out: torch.Tensor, parts: torch.Tensor, k: int,
     cursors = torch.empty(world, dtype=torch.int64)
     if lib.topk_decompress(out.data_ptr(), out.numel(), world, parts.data_ptr(), parts.stride(0),
                            k, alpha, cursors.data_ptr()):
-        raise ValueError("Top-K: a received index is out of range")
+        raise ValueError("Top-K: a received index is out of range, or a worker's indices are "
+                         "not ascending")

@@ -388,7 +388,7 @@ static void add_range(float *to, int64_t start, int64_t stop, int64_t bin_size,
     }
 }
 
-/* Copy a finished block to out (the AVX2 path streams it: store_block_avx2). */
+/* Copy a finished block to out (the AVX2 path streams it: stream_floats, prelude.h). */
 typedef void store_fn(float *out, const float *block, int64_t len);
 static void store_block(float *out, const float *block, int64_t len) {
     memcpy(out, block, (size_t)len * sizeof(float));
@@ -461,17 +461,9 @@ AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
         bytes = sent + ++bin * per_bin;
     }
 }
-/* store_block with streaming stores, eight floats each (out is only written: no read for
-   ownership, no cache pollution). */
-AVX2 static void store_block_avx2(float *out, const float *block, int64_t len) {
-    int64_t j = 0;
-    for (; j < len && ((uintptr_t)(out + j) & 31) != 0; ++j) out[j] = block[j];
-    for (; j + 8 <= len; j += 8) _mm256_stream_ps(out + j, _mm256_loadu_ps(block + j));
-    memcpy(out + j, block + j, (size_t)(len - j) * sizeof(float));
-}
 AVX2 static void decompress_avx2(float *out, int64_t n, int64_t bin_size, int64_t world,
                                  const uint8_t *const *sent, int64_t size, const float *v) {
-    decompress_layer(out, n, bin_size, world, sent, size, v, add_range_avx2, store_block_avx2);
+    decompress_layer(out, n, bin_size, world, sent, size, v, add_range_avx2, stream_floats);
 }
 #endif
 

@@ -1,6 +1,7 @@
 /* What every kernel's C source starts with: the headers, X86 where the AVX2 code paths can be
-   built, and use_avx2(): whether to take them (the CPU has AVX2, and the environment variable
-   named PORTABLE_ENV is not set: the tests' way to run the portable loops on any machine).
+   built, use_avx2(): whether to take them (the CPU has AVX2, and the environment variable
+   named PORTABLE_ENV is not set: the tests' way to run the portable loops on any machine), and
+   stream_floats(), the AVX2 paths' way to write an output that is only written.
    compression/_native.py compiles the kernels with -DPORTABLE_ENV=<its name>, a string. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,3 +20,17 @@ static int use_avx2(void) {
     }
     return cached;
 }
+
+#ifdef X86
+/* out[0 .. len) = block[0 .. len) with streaming stores where out is 32-byte aligned: out is
+   only written, so no read for ownership and no cache pollution (a plain store first reads the
+   line it writes). Streaming stores are weakly ordered: the pass that made them ends with
+   _mm_sfence() before another thread may read out. */
+__attribute__((target("avx2"), unused))
+static void stream_floats(float *out, const float *block, int64_t len) {
+    int64_t j = 0;
+    for (; j < len && ((uintptr_t)(out + j) & 31) != 0; ++j) out[j] = block[j];
+    for (; j + 8 <= len; j += 8) _mm256_stream_ps(out + j, _mm256_loadu_ps(block + j));
+    memcpy(out + j, block + j, (size_t)(len - j) * sizeof(float));
+}
+#endif

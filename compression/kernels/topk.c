@@ -8,35 +8,58 @@ _Static_assert(HIGH_BITS + LOW_BITS == 31, "the two histograms split the 31 bits
 #define HIGH (1 << HIGH_BITS)     /* buckets of the top HIGH_BITS bits of |acc| */
 #define LOW (1 << LOW_BITS)       /* buckets of the low LOW_BITS bits, within one high bucket */
 
+static void copy_floats(float *out, const float *block, int64_t len) {
+    memcpy(out, block, (size_t)len * sizeof(float));
+}
+
 static inline int32_t key(float x) {  /* |x| as ordered bits: exponent, then mantissa */
     uint32_t u; memcpy(&u, &x, 4); return (int32_t)(u & 0x7fffffffu);
 }
 
 
-/* Pass 1: acc = g + e, stored in e; high[key(acc) >> LOW_BITS] counts. */
-static void accumulate(float *error, const float *grad, int64_t n, int32_t *high) {
+/* Pass 1: acc = g + e, stored in e; high[key(acc) >> LOW_BITS] counts. Returns the highest
+   bucket counted (where bucket_of starts). */
+static int32_t accumulate(float *error, const float *grad, int64_t n, int32_t *high) {
     memset(high, 0, HIGH * sizeof(int32_t));
+    int32_t top = 0;
     for (int64_t i = 0; i < n; ++i) {
         float acc = error[i] + grad[i];                      /* acc = g + e */
         error[i] = acc;
-        ++high[key(acc) >> LOW_BITS];
+        int32_t b = key(acc) >> LOW_BITS;
+        ++high[b];
+        top = b > top ? b : top;
     }
+    return top;
 }
 
 /* high[key(acc) >> LOW_BITS] counts over acc (already summed: the fallback of the sampled
-   pass). */
-static void histogram(const float *acc, int64_t n, int32_t *high) {
+   pass). Returns the highest bucket counted. */
+static int32_t histogram(const float *acc, int64_t n, int32_t *high) {
     memset(high, 0, HIGH * sizeof(int32_t));
-    for (int64_t i = 0; i < n; ++i) ++high[key(acc[i]) >> LOW_BITS];
+    int32_t top = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        int32_t b = key(acc[i]) >> LOW_BITS;
+        ++high[b];
+        top = b > top ? b : top;
+    }
+    return top;
 }
 
-/* The bucket (of keys >> shift, histogram count over buckets - 1 .. 0) that holds the k-th
-   largest key, and in *above the entries in higher buckets (plus what it held before). */
-static int32_t bucket_of(const int32_t *count, int32_t buckets, int64_t k, int64_t *above) {
-    int32_t bucket = buckets - 1;
+/* The bucket (of keys >> shift, histogram count over top .. 0, none counted above top) that
+   holds the k-th largest key, and in *above the entries in higher buckets (plus what it held
+   before). The caller knows top: a scan from the histogram's last bucket would cost more than
+   the pass that filled it on a small layer (gradients' keys sit far below the top buckets). */
+static int32_t bucket_of(const int32_t *count, int32_t top, int64_t k, int64_t *above) {
+    int32_t bucket = top;
     while (*above + count[bucket] < k) *above += count[bucket--];
     return bucket;
 }
+
+/* The sample's places: Knuth's MMIX LCG, scaled to [0, n) (n < 2^31). Each read misses the
+   cache, so the read AHEAD places later is prefetched: many misses in flight at once. */
+#define AHEAD 32
+static inline uint64_t lcg(uint64_t x) { return x * 6364136223846793005ull + 1442695040888963407ull; }
+static inline int64_t place(uint64_t x, int64_t n) { return (int64_t)((x >> 32) * (uint64_t)n >> 32); }
 
 /* The sample: the keys of acc = e + g at SAMPLE fixed pseudo-random places (read, not stored),
    as a histogram of their high buckets. The sampled pass keeps as candidates the buckets *lo to
@@ -45,17 +68,27 @@ static int32_t bucket_of(const int32_t *count, int32_t buckets, int64_t k, int64
 static void bracket(const float *error, const float *grad, int64_t n, int64_t k, int32_t *high,
                     int32_t *lo, int32_t *hi) {
     memset(high, 0, HIGH * sizeof(int32_t));
-    uint64_t x = (uint64_t)n;
+    uint64_t x = (uint64_t)n, ahead = (uint64_t)n;
+    int32_t top = 0;
+    for (int s = 0; s < AHEAD; ++s) {
+        ahead = lcg(ahead);
+        __builtin_prefetch(error + place(ahead, n));
+        __builtin_prefetch(grad + place(ahead, n));
+    }
     for (int s = 0; s < SAMPLE; ++s) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;   /* Knuth's MMIX LCG */
-        int64_t i = (int64_t)((x >> 32) * (uint64_t)n >> 32);       /* n < 2^31 */
-        ++high[key(error[i] + grad[i]) >> LOW_BITS];
+        x = lcg(x), ahead = lcg(ahead);                      /* the place AHEAD draws later: */
+        __builtin_prefetch(error + place(ahead, n));         /* its reads start now */
+        __builtin_prefetch(grad + place(ahead, n));
+        int64_t i = place(x, n);
+        int32_t b = key(error[i] + grad[i]) >> LOW_BITS;
+        ++high[b];
+        top = b > top ? b : top;
     }
     int64_t rank = (SAMPLE * k + n - 1) / n, variance = SAMPLE * k / n * (n - k) / n, sd = 0;
     while ((sd + 1) * (sd + 1) <= variance) ++sd;
     int64_t margin = 4 * (sd + 1) + 2, above = 0, below = 0;
-    *hi = rank - margin < 1 ? HIGH - 1 : bucket_of(high, HIGH, rank - margin, &above);
-    *lo = rank + margin > SAMPLE ? 0 : bucket_of(high, HIGH, rank + margin, &below);
+    *hi = rank - margin < 1 ? HIGH - 1 : bucket_of(high, top, rank - margin, &above);
+    *lo = rank + margin > SAMPLE ? 0 : bucket_of(high, top, rank + margin, &below);
 }
 
 /* Pass 1, sampled: acc = g + e, stored in e; *above counts the entries in buckets above hi,
@@ -77,25 +110,31 @@ static int64_t candidates_scalar(float *error, const float *grad, int64_t i, int
     return count;
 }
 
-/* Pass 2: low[key & (LOW - 1)] counts over the entries whose key >> LOW_BITS is bucket. */
-static void refine_scalar(const float *acc, int64_t j, int64_t n, int32_t bucket, int32_t *low) {
+/* Pass 2: low[key & (LOW - 1)] counts over the entries whose key >> LOW_BITS is bucket; *top:
+   the highest low bucket counted so far. */
+static void refine_scalar(const float *acc, int64_t j, int64_t n, int32_t bucket, int32_t *low,
+                          int32_t *top) {
     for (; j < n; ++j) {
         int32_t u = key(acc[j]);
-        if (u >> LOW_BITS == bucket) ++low[u & (LOW - 1)];
+        if (u >> LOW_BITS == bucket) {
+            ++low[u & (LOW - 1)];
+            *top = (u & (LOW - 1)) > *top ? u & (LOW - 1) : *top;
+        }
     }
 }
 
 #ifdef X86
 __attribute__((target("avx2")))
-static void refine_avx2(const float *acc, int64_t n, int32_t bucket, int32_t *low) {
+static void refine_avx2(const float *acc, int64_t n, int32_t bucket, int32_t *low,
+                        int32_t *top) {
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), vb = _mm256_set1_epi32(bucket);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
         __m256i u = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(acc + j)), abs_mask);
         __m256i in = _mm256_cmpeq_epi32(_mm256_srli_epi32(u, LOW_BITS), vb);
-        if (!_mm256_testz_si256(in, in)) refine_scalar(acc, j, j + 8, bucket, low);
+        if (!_mm256_testz_si256(in, in)) refine_scalar(acc, j, j + 8, bucket, low, top);
     }
-    refine_scalar(acc, j, n, bucket, low);
+    refine_scalar(acc, j, n, bucket, low, top);
 }
 #endif
 
@@ -210,17 +249,21 @@ static int32_t threshold(const float *acc, int64_t n, const int32_t *cand, int64
     *ties = 0;
     if (above + high[bucket] == k) return (bucket << LOW_BITS) - 1;  /* the whole bucket: > t */
     memset(low, 0, LOW * sizeof(int32_t));
+    int32_t top = 0;
     if (cand) {
         for (int64_t c = 0; c < count; ++c)
-            if (cand[c] >> LOW_BITS == bucket) ++low[cand[c] & (LOW - 1)];
+            if (cand[c] >> LOW_BITS == bucket) {
+                ++low[cand[c] & (LOW - 1)];
+                top = (cand[c] & (LOW - 1)) > top ? cand[c] & (LOW - 1) : top;
+            }
     } else {
 #ifdef X86
-        if (use_avx2()) refine_avx2(acc, n, bucket, low);
+        if (use_avx2()) refine_avx2(acc, n, bucket, low, &top);
         else
 #endif
-        refine_scalar(acc, 0, n, bucket, low);
+        refine_scalar(acc, 0, n, bucket, low, &top);
     }
-    int32_t r = bucket_of(low, LOW, k, &above);
+    int32_t r = bucket_of(low, top, k, &above);
     *ties = k - above;                                      /* of the low[r] equal to T */
     return bucket << LOW_BITS | r;
 }
@@ -229,7 +272,7 @@ static int32_t threshold(const float *acc, int64_t n, const int32_t *cand, int64
    from a sample's bracket) and fall back to a histogram of acc where the sample was off. */
 static int32_t select_t(float *error, const float *grad, int64_t n, int64_t k,
                         int32_t *workspace, int64_t capacity, int64_t *ties) {
-    int32_t *high = workspace, *low = workspace + HIGH, *cand = low + LOW;
+    int32_t *high = workspace, *low = workspace + HIGH, *cand = low + LOW, top;
     int64_t above = 0;
     if (n >= SAMPLED_MIN && k < n) {
         int32_t lo, hi;
@@ -241,17 +284,17 @@ static int32_t select_t(float *error, const float *grad, int64_t n, int64_t k,
 #endif
         count = candidates_scalar(error, grad, 0, n, lo, hi, cand, 0, capacity, &above);
         if (count <= capacity && above < k && above + count >= k) {  /* T is a candidate */
-            memset(high, 0, HIGH * sizeof(int32_t));
+            memset(high + lo, 0, (size_t)(hi - lo + 1) * sizeof(int32_t));  /* their buckets */
             for (int64_t c = 0; c < count; ++c) ++high[cand[c] >> LOW_BITS];
-            int32_t bucket = bucket_of(high, HIGH, k, &above);
+            int32_t bucket = bucket_of(high, hi, k, &above);
             return threshold(NULL, 0, cand, count, bucket, above, high, k, low, ties);
         }
-        histogram(error, n, high);                          /* the sample was off */
+        top = histogram(error, n, high);                    /* the sample was off */
         above = 0;
     } else {
-        accumulate(error, grad, n, high);
+        top = accumulate(error, grad, n, high);
     }
-    int32_t bucket = bucket_of(high, HIGH, k, &above);
+    int32_t bucket = bucket_of(high, top, k, &above);
     return threshold(error, n, NULL, 0, bucket, above, high, k, low, ties);
 }
 
@@ -269,24 +312,34 @@ void topk_compress(float *error, const float *grad, int64_t n, int64_t k, float 
 
 /* out = alpha sum_w sparse_w (alpha = 1/W: the mean; 1: the sum): worker w's k values at
    parts + w * stride, its indices (each list ascending) k words after, added in worker order as
-   zero_ then index_add_ do, block by block. Returns 0, or -1 if an index is out of [0, n) (then
-   out is partial). */
+   zero_ then index_add_ do, block by block: each block is summed in an L1 buffer and then
+   copied out (on AVX2 with streaming stores: out is only written). Returns 0, or -1 if an index
+   is out of [0, n) or a list is not ascending (then out is partial). */
 int topk_decompress(float *out, int64_t n, int64_t world, const int32_t *parts, int64_t stride,
                     int64_t k, float alpha, int64_t *next) {
     enum { BLOCK = 4096 };
+    float block[BLOCK];
+    void (*store)(float *, const float *, int64_t) = copy_floats;
+#ifdef X86
+    if (use_avx2()) store = stream_floats;
+#endif
     for (int64_t w = 0; w < world; ++w) next[w] = 0;
     for (int64_t start = 0; start < n; start += BLOCK) {
-        uint64_t end = (uint64_t)(n - start > BLOCK ? start + BLOCK : n);
-        memset(out + start, 0, (end - start) * sizeof(float));
+        int64_t len = n - start > BLOCK ? BLOCK : n - start;
+        memset(block, 0, (size_t)len * sizeof(float));
         for (int64_t w = 0; w < world; ++w) {
             const float *v = (const float *)(parts + w * stride);
             const int32_t *index = parts + w * stride + k;
             int64_t i = next[w];
-            for (; i < k && (uint64_t)(int64_t)index[i] < end; ++i)
-                out[index[i]] += v[i] * alpha;               /* alpha sum_w sparse_w */
+            for (; i < k && (uint64_t)((int64_t)index[i] - start) < (uint64_t)len; ++i)
+                block[index[i] - start] += v[i] * alpha;     /* alpha sum_w sparse_w */
             next[w] = i;
         }
+        store(out + start, block, len);
     }
+#ifdef X86
+    _mm_sfence();                                            /* streaming stores are visible */
+#endif
     for (int64_t w = 0; w < world; ++w) if (next[w] != k) return -1;
     return 0;
 }

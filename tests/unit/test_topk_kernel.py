@@ -195,6 +195,16 @@ def test_decompress_rejects_an_out_of_range_index() -> None:
         topk_kernel.decompress(topk_kernel.kernel(), out, parts, 2, 1.0)
 
 
+def test_decompress_rejects_indices_out_of_order() -> None:
+    """Each block is summed in a buffer of its own: an index below the block being summed (a
+    list not ascending, never what compress sends) is refused, not written outside it."""
+    n = 3 * 4096
+    out = torch.empty(n)
+    parts = torch.tensor([[0, 0, 5000, 3]], dtype=torch.int32)  # indices 5000, then 3
+    with pytest.raises(ValueError, match="not ascending"):
+        topk_kernel.decompress(topk_kernel.kernel(), out, parts, 2, 1.0)
+
+
 def test_without_a_compiler_warns_once_and_runs_eager(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     steps = grads_with_ties((50, 20), 2, steps=3)
