@@ -403,7 +403,7 @@ def time_sides(sides: list[Side], repeats: int, warmup: int = 2
         if repeat >= warmup:
             load.append(os.getloadavg()[0])
         for key in keys:
-            for side in sides:
+            for side in sides if repeat % 2 == 0 else sides[::-1]:  # ABBA: neither always first
                 if key not in samples[side.name]:
                     continue  # a method this side's code lacks
                 result = side.run(key)
@@ -701,8 +701,9 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
              else "a world-size-1 gloo group, 1 thread")
     lines = [f"ResNet-18 gradients ({_size(context['width'])}), 1 worker ({where}); "
              f"median of {context['repeats']} interleaved repeats. This side: "
-             f"{context['this']}." + (f" Baseline: {context['baseline']}." if context["baseline"]
-                                      else "") +
+             f"{context['this']}." + (f" Baseline: {context['baseline']} (each method on both "
+                                      f"sides back to back, the sides taking turns going first)."
+                                      if context["baseline"] else "") +
              f" Took {context['minutes']:.1f} min; load average (1 min) at the repeats: min "
              f"{min(load):.2f}, median {statistics.median(load):.2f}, max {max(load):.2f} "
              f"(1/5/15 min before: {_loads(context['load_before'])}; after: "
