@@ -8,7 +8,7 @@ low-rank layers in one call each::
     (torch)        P = all_reduce(P), orthogonalize(P)
     psgd_back      Q^T = P^T M, rows read in blocks of ROWS (Q^T stays in cache)
     (torch)        Q = all_reduce(Q) / W
-    psgd_expand    out = P Q^T
+    psgd_expand    out = P Q^T (AVX2: streaming stores, as out is only written)
 
 The error update e = M - P Q^T of a step is owed: the layer keeps that step's P (``memory["p"]``
 beside its Q) and the next step's pass 1 takes P Q^T off e as it reads it, with the float

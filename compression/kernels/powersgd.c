@@ -6,7 +6,8 @@
    function is compiled twice, for AVX2 (the compiler turns the lane loops into vector
    instructions) and portable, and -ffp-contract=off keeps every multiply and add rounded on its
    own, so both give the same bits. A matrix's rows of m elements are taken LANES columns at a
-   time; past column m a lane reads +0 (in every operand), so it adds the same in both. */
+   time; past column m a lane reads +0 (in every operand), so it adds the same in both. The
+   AVX2 expand alone is its own function (expand_stream: streaming stores). */
 #include "prelude.h"
 
 _Static_assert(LANES == 8, "a lane block is one AVX2 vector of float32");
@@ -149,6 +150,28 @@ ALWAYS void expand(float *out, int64_t n, int64_t m, int64_t r, const float *p, 
     }
 }
 
+#ifdef X86
+/* expand for AVX2 with streaming stores (out is only written: no read for ownership, no cache
+   pollution; _mm_sfence() at the end of the pass). An element of P Q^T is the same sum in any
+   lane (low_rank adds lane by lane), so a row's lane blocks start at its first 32-byte
+   boundary: the elements before it and the last ones go one at a time, as the first lane of a
+   part block. */
+__attribute__((target("avx2")))
+static void expand_stream(float *out, int64_t n, int64_t m, int64_t r, const float *p,
+                          const float *qt) {
+    for (int64_t i = 0; i < n; ++i) {
+        float *oi = out + i * m;
+        const float *pi = p + i * r;
+        int64_t j = 0;
+        for (; j < m && ((uintptr_t)(oi + j) & 31) != 0; ++j)
+            oi[j] = low_rank(pi, qt, r, j, m, 0)[0];
+        for (; j + LANES <= m; j += LANES)
+            _mm256_stream_ps(oi + j, low_rank(pi, qt, r, j, m, 1));
+        for (; j < m; ++j) oi[j] = low_rank(pi, qt, r, j, m, 0)[0];
+    }
+}
+#endif
+
 /* Each pass over a bucket's layers, compiled for AVX2 and portable (see the top). */
 #define PASSES(suffix, attr)                                                                  \
     attr static void project_##suffix(int64_t layers, float *const *e, const float *const *g, \
@@ -165,9 +188,12 @@ ALWAYS void expand(float *out, int64_t n, int64_t m, int64_t r, const float *p, 
     attr static void expand_##suffix(int64_t layers, float *const *out, const int64_t *n,     \
             const int64_t *m, const int64_t *r, const float *const *p,                        \
             const float *const *qt) {                                                         \
-        for (int64_t l = 0; l < layers; ++l) expand(out[l], n[l], m[l], r[l], p[l], qt[l]);   \
+        for (int64_t l = 0; l < layers; ++l)                                                  \
+            EXPAND_##suffix(out[l], n[l], m[l], r[l], p[l], qt[l]);                           \
     }
 
+#define EXPAND_portable expand
+#define EXPAND_avx2 expand_stream
 PASSES(portable, )
 #ifdef X86
 PASSES(avx2, __attribute__((target("avx2"))))
@@ -197,6 +223,9 @@ void psgd_back(int64_t layers, const float *const *mat, const int64_t *n, const 
 void psgd_expand(int64_t layers, float *const *out, const int64_t *n, const int64_t *m,
                  const int64_t *r, const float *const *p, const float *const *qt) {
     DISPATCH(expand, layers, out, n, m, r, p, qt);
+#ifdef X86
+    _mm_sfence();                                            /* streaming stores are visible */
+#endif
 }
 
 /* What pass 1 owes, paid at once: e = e - P Q^T, with pass 1's float operations. */
