@@ -8,9 +8,10 @@ The methods of issue 27's goals (:data:`benchmarks.compressors.GOALS`) run the h
 ResNet-18's gradients as ``make bench-compressors`` runs them (one worker, one thread, methods
 interleaved within every repeat). Each call of a kernel pass (:data:`PASSES`: PowerSGD's three
 passes and its orthogonalization, Top-K's and AdaComp's compress and decompress, and any
-``settle``) is timed with ``time.perf_counter`` where it is made, whichever thread makes it;
-``rest`` is the rest of the work the hook's timer counted (everything outside those calls:
-not broken down further here). The floor is :func:`benchmarks.compressors.floor_pass` for the
+``settle``), and of what every compressor's steps call besides (:data:`COMMON`: starting the
+collectives, copying the dense tensors), is timed with ``time.perf_counter`` where it is made,
+whichever thread makes it; ``rest`` is the rest of the work the hook's timer counted (Python
+around those calls). The floor is :func:`benchmarks.compressors.floor_pass` for the
 same method, timed in the same repeats. Medians over repeats; nothing here is a test.
 """
 
@@ -38,12 +39,22 @@ from benchmarks.compressors import (
     resnet18_buckets,
     run_step,
 )
-from compression import _adacomp_kernel, _powersgd_kernel, _topk_kernel
+from compression import _adacomp_kernel, _powersgd_kernel, _topk_kernel, hook
 from compression import powersgd as powersgd_module
+from compression.comm import GroupComm
 from core import provenance
 
-# The passes timed, per compressor: (module, function) as the compressor calls them.
-PASSES: dict[str, list[tuple[ModuleType, str]]] = {
+# What every compressor's steps also call inside the hook's timer: the calls that start its
+# collectives (the transfer itself runs on gloo's thread, untimed) and the copies of the bucket's
+# dense tensors into one buffer and back (compression.hook.aggregate_bucket).
+COMMON: list[tuple[ModuleType | type, str]] = [
+    (GroupComm, "all_reduce"), (GroupComm, "all_gather"),
+    (hook, "_flatten_dense_tensors"), (hook, "_unflatten_dense_tensors")]
+LABELS = {"all_reduce": "all_reduce calls", "all_gather": "all_gather calls",
+          "_flatten_dense_tensors": "flatten", "_unflatten_dense_tensors": "unflatten"}
+
+# The passes timed, per compressor: (module, function) as the compressor calls them, then COMMON.
+PASSES: dict[str, list[tuple[ModuleType | type, str]]] = {
     "powersgd": [(_powersgd_kernel, "project"), (powersgd_module, "orthogonalize"),
                  (_powersgd_kernel, "back"), (_powersgd_kernel, "expand"),
                  (_powersgd_kernel, "settle")],
@@ -51,6 +62,7 @@ PASSES: dict[str, list[tuple[ModuleType, str]]] = {
     "adacomp": [(_adacomp_kernel, "compress"), (_adacomp_kernel, "decompress"),
                 (_adacomp_kernel, "settle")],
 }
+PASSES = {name: [*passes, *COMMON] for name, passes in PASSES.items()}
 
 
 class Clock:
@@ -60,7 +72,7 @@ class Clock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
 
-    def wrap(self, module: ModuleType, name: str) -> None:
+    def wrap(self, module: ModuleType | type, name: str) -> None:
         function = getattr(module, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -134,14 +146,19 @@ def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any]
              f"min {min(load):.2f}, median {statistics.median(load):.2f}, max {max(load):.2f} "
              f"on {os.cpu_count()} CPUs.", "",
              "Milliseconds per step of each pass of the compressor's kernel (every call, "
-             "whichever thread makes it), `rest`: the rest of the work the hook's timer counts "
-             "(`compress + decompress` of compressors.md); `floor`: the memory traffic of the "
-             "algorithm alone (compressors.md's `floor:` rows), timed in the same repeats.", "",
-             "| compressor | level | passes (ms) | rest | work | floor | work / floor |",
+             "whichever thread makes it), then of what every compressor's steps call besides: "
+             "`all_reduce calls` / `all_gather calls`, starting the collectives (gloo's thread "
+             "moves the data, untimed), and `flatten` / `unflatten`, the bucket's dense tensors "
+             "copied into one buffer and back; `rest`: the rest of the work the hook's timer "
+             "counts (`compress + decompress` of compressors.md: Python around the calls); "
+             "`floor`: the memory traffic of the algorithm alone (compressors.md's `floor:` "
+             "rows), timed in the same repeats.", "",
+             "| compressor | level | passes and calls (ms) | rest | work | floor | "
+             "work / floor |",
              "|---|---|---|---:|---:|---:|---:|"]
     for row in rows:
-        passes = ", ".join(f"{name} {row[name]:.2f}" for _, name in PASSES[row["compressor"]]
-                           if row[name] > 0)
+        passes = ", ".join(f"{LABELS.get(name, name)} {row[name]:.2f}"
+                           for _, name in PASSES[row["compressor"]] if row[name] > 0)
         lines.append(f"| {row['compressor']} | {row['level']} | {passes} | {row['rest']:.2f} | "
                      f"{row['work']:.2f} | {row['floor']:.2f} | "
                      f"{row['work'] / row['floor']:.2f} |")

@@ -204,8 +204,9 @@ def test_the_profile_times_every_pass_of_every_goal(tmp_path) -> None:
                        "adacomp": ("compress", "decompress")}[compressor]
         assert all(parts[p] > 0 for p in main_passes), (compressor, parts)
         passes = sum(v for k, v in parts.items() if k not in ("rest", "work", "floor"))
-        # the CSV rounds each part to 0.001 ms: up to 7 roundings of 0.0005 apart
-        assert math.isclose(parts["rest"], parts["work"] - passes, abs_tol=4e-3)
+        assert parts["all_gather" if compressor != "powersgd" else "all_reduce"] > 0
+        # the CSV rounds each part to 0.001 ms: up to 11 roundings of 0.0005 apart
+        assert math.isclose(parts["rest"], parts["work"] - passes, abs_tol=6e-3)
         assert parts["floor"] > 0
     text = (tmp_path / "compressors_profile.md").read_text()
     assert text.count("\n| powersgd |") == 3 and "work / floor" in text
