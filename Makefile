@@ -51,7 +51,7 @@ SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
-	bench-e2e bench-numerics bench-portable-step bench-test-time bench-tiny-profile bench-tiny-speed bench-tta plan plan-all dashboard reproduce-all reproduce-auto reproduce-zoo \
+	bench-e2e bench-kernels bench-numerics bench-portable-step bench-test-time bench-tiny-profile bench-tiny-speed bench-tta plan plan-all dashboard reproduce-all reproduce-auto reproduce-zoo \
 	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines slurm-up slurm-down test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
@@ -189,6 +189,10 @@ bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0
 bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}; on the CPU then each kernel pass of issue 27's methods -> results/bench/compressors_profile.{csv,md}
 	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE)) $(if $(DEVICE),--device $(DEVICE))
 	$(if $(DEVICE),,$(PY) -m benchmarks.compressor_profile)
+	@$(DOCS_REFRESH)
+
+bench-kernels: $(VENV_STAMP) ## Top-K's and PowerSGD's C kernel passes alone, inputs from memory, side by side with BASELINE=<git ref>'s, with a check that both give the same bits -> results/bench/kernels.{csv,md}
+	$(PY) -m benchmarks.kernel_ab --baseline "$(BASELINE)"
 	@$(DOCS_REFRESH)
 
 smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through NCCL, a resume, host syncs per step, NCCL vs gloo -> results/bench/smoke_gpu.md (skips without a GPU)

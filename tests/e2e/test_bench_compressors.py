@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks import compressor_peers
+from benchmarks import compressor_peers, kernel_ab
 from benchmarks.compressors import (
     FLOORS,
     GOALS,
@@ -108,6 +108,18 @@ def test_the_sides_take_turns_going_first() -> None:
     time_sides([FakeSide("this"), FakeSide("baseline")], repeats=2, warmup=0)
     assert calls == [("this", "a"), ("baseline", "a"), ("this", "b"), ("baseline", "b"),
                      ("baseline", "a"), ("this", "a"), ("baseline", "b"), ("this", "b")]
+
+
+def test_bench_kernels_times_every_pass_on_both_sides(tmp_path) -> None:
+    # HEAD against itself at width 8: every pass of both kernels runs on both sides, and their
+    # outputs agree bit for bit (a digest that differed would print NO).
+    assert kernel_ab.main(["--baseline", "HEAD", "--repeats", "1", "--width", "8",
+                           "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "kernels.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith(("| topk", "| powersgd"))]
+    assert len(rows) == 2 * len(kernel_ab.TOPK_RATIOS) + 3 * len(kernel_ab.POWERSGD_RANKS)
+    assert all(row.endswith("| yes |") for row in rows), table
+    assert "BASELINE=HEAD" in table and "(fingerprint " in table
 
 
 def test_a_goal_below_the_algorithms_floor_says_so() -> None:

@@ -1,0 +1,302 @@
+"""Issue 27's kernel passes alone, side by side with another commit's; writes
+results/bench/kernels.{csv,md}.
+
+    make bench-kernels BASELINE=<git ref>
+    python -m benchmarks.kernel_ab --baseline REF [--repeats 21]
+
+``make bench-compressors`` times the hook's whole path, where the collectives' calls, Python and
+the caches a step leaves move a pass by more than a kernel change does (unchanged code there
+times 0.96-1.03x its own baseline from one run to the next on this 2-core VM). Here each side
+is a process importing its checkout's ``compression`` package (as bench-compressors' sides do)
+that calls one pass of one C kernel (Top-K's compress and decompress, PowerSGD's three passes)
+over ResNet-18's matrix-shaped layers, laid end to end in one buffer one float past an aligned
+address (a DDP bucket does not align them), from the same seeded inputs. Before each call the
+inputs are restored and a 64 MiB buffer is written, so the layers come from memory, not cache,
+as after backward's other writes. The sides take turns going first (ABBA). Each reply carries a
+digest of the pass's outputs, and the table says whether both sides' outputs are the same bits.
+One thread; medians over repeats; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import models
+from benchmarks.compressors import ROOT, checkout
+from core import provenance
+
+OUT = ROOT / "results" / "bench"
+TOPK_RATIOS = (0.99, 0.25, 0.1, 0.02)
+POWERSGD_RANKS = (1, 2, 4)
+FLUSH = 16 << 20  # floats written between calls: 64 MiB, twice this machine's last-level cache
+
+
+def resnet18_shapes(width: int) -> list[tuple[int, int]]:
+    """ResNet-18's (CIFAR-10 head, first stage ``width`` channels) matrix-shaped layers as the
+    hook views them: (n, -1)."""
+    model = models.build("resnet18", num_classes=10, width=width)
+    return [(p.shape[0], p[0].numel()) for p in model.parameters() if p.ndim > 1]
+
+
+def _layers(shapes: list[tuple[int, int]], scale: float, seed: int) -> list[torch.Tensor]:
+    """Seeded normal matrices of ``shapes`` (times ``scale``), end to end in one buffer that
+    starts one float past an aligned address."""
+    total = sum(n * m for n, m in shapes)
+    flat = torch.empty(total + 1)[1:]
+    flat.normal_(generator=torch.Generator().manual_seed(seed)).mul_(scale)
+    out, at = [], 0
+    for n, m in shapes:
+        out.append(flat[at:at + n * m].view(n, m))
+        at += n * m
+    return out
+
+
+def passes(width: int) -> dict[str, Callable[[], Callable[[], list[torch.Tensor]]]]:
+    """Every pass timed, by key: a maker that prepares its inputs and returns the timed call
+    (which returns the tensors it wrote)."""
+    from compression import _powersgd_kernel as psgd  # noqa: PLC0415 (this side's checkout)
+    from compression import _topk_kernel as topk  # noqa: PLC0415
+
+    shapes = resnet18_shapes(width)
+    grads = _layers(shapes, 1e-3, 0)
+    made: dict[str, Callable[[], Callable[[], list[torch.Tensor]]]] = {}
+
+    def topk_compress(ratio: float) -> Callable[[], list[torch.Tensor]]:
+        lib, start = topk.kernel(), _layers(shapes, 1e-4, 1)
+        errors = [e.clone().view(-1) for e in start]
+        ks = [max(1, int(ratio * e.numel())) for e in errors]
+        messages = [torch.empty(2 * k, dtype=torch.int32) for k in ks]
+        spaces = [torch.empty(topk.workspace_size(e.numel()), dtype=torch.int32) for e in errors]
+
+        def call() -> list[torch.Tensor]:
+            for e, g, k, m, w in zip(errors, grads, ks, messages, spaces, strict=True):
+                topk.compress(lib, e, g.view(-1), k, m, w)
+            return [*errors, *messages]
+        return _restored(call, [(e, s.view(-1)) for e, s in zip(errors, start, strict=True)])
+
+    def topk_decompress(ratio: float) -> Callable[[], list[torch.Tensor]]:
+        lib = topk.kernel()
+        rows = []
+        for worker in range(2):  # two workers' messages, from two error memories
+            errors = [e.view(-1) for e in _layers(shapes, 1e-4, 2 + worker)]
+            part = []
+            for e, g in zip(errors, grads, strict=True):
+                k = max(1, int(ratio * e.numel()))
+                message = torch.empty(2 * k, dtype=torch.int32)
+                topk.compress(lib, e, g.view(-1).clone(), k, message,
+                              torch.empty(topk.workspace_size(e.numel()), dtype=torch.int32))
+                part.append(message)
+            rows.append(part)
+        parts = [torch.stack(layer) for layer in zip(*rows, strict=True)]
+        outs = [torch.empty_like(g).view(-1) for g in grads]
+
+        def call() -> list[torch.Tensor]:
+            for out, p in zip(outs, parts, strict=True):
+                topk.decompress(lib, out, p, p.shape[1] // 2, 0.5)
+            return outs
+        return _restored(call, [])
+
+    def powersgd(name: str, rank: int) -> Callable[[], list[torch.Tensor]]:
+        lib, start = psgd.kernel(), _layers(shapes, 1e-4, 1)
+        errors = [e.clone() for e in start]
+        gen = torch.Generator().manual_seed(4)
+        qts = [torch.randn(rank, m, generator=gen) for _, m in shapes]
+        ps = [torch.randn(n, rank, generator=gen) * 1e-2 for n, _ in shapes]
+        owed = [(torch.randn(n, rank, generator=gen) * 1e-2, torch.randn(rank, m, generator=gen))
+                for n, m in shapes]
+        outs = [torch.empty(n, m) for n, m in shapes]
+        if name == "project":
+            def call() -> list[torch.Tensor]:
+                psgd.project(lib, errors, grads, qts, owed, ps)
+                return [*errors, *ps]
+            return _restored(call, list(zip(errors, start, strict=True)))
+        if name == "back":
+            def call() -> list[torch.Tensor]:
+                psgd.back(lib, errors, ps, qts)
+                return qts
+            return _restored(call, [])
+
+        def call() -> list[torch.Tensor]:
+            psgd.expand(lib, outs, ps, qts)
+            return outs
+        return _restored(call, [])
+
+    for ratio in TOPK_RATIOS:
+        made[f"topk compress, ratio {ratio}"] = lambda r=ratio: topk_compress(r)
+        made[f"topk decompress (2 workers), ratio {ratio}"] = lambda r=ratio: topk_decompress(r)
+    for rank in POWERSGD_RANKS:
+        for name in ("project", "back", "expand"):
+            made[f"powersgd {name}, rank {rank}"] = lambda n=name, r=rank: powersgd(n, r)
+    return made
+
+
+def _restored(call: Callable[[], list[torch.Tensor]],
+              inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], Any]:
+    """``call`` as the worker times it: the changed inputs restored (pairs: tensor, its start)
+    and the caches filled with other data first; returns (seconds, digest of the outputs)."""
+
+    def timed() -> tuple[float, str]:
+        for tensor, value in inputs:
+            tensor.copy_(value)
+        _flush().fill_(1.0)
+        start = time.perf_counter()
+        outs = call()
+        seconds = time.perf_counter() - start
+        digest = hashlib.sha256()
+        for out in outs:
+            digest.update(out.contiguous().view(torch.uint8).numpy().tobytes())
+        return seconds, digest.hexdigest()[:16]
+    return timed
+
+
+@cache
+def _flush() -> torch.Tensor:
+    """The buffer written before every call (one per process)."""
+    return torch.empty(FLUSH)
+
+
+def worker(width: int) -> None:
+    """A side's process: the keys on the first line out, then one reply per key read."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr
+    torch.set_num_threads(1)
+    made = {key: make() for key, make in passes(width).items()}
+    print(json.dumps(list(made)), file=out, flush=True)
+    for line in sys.stdin:
+        print(json.dumps(made[line.strip()]()), file=out, flush=True)
+
+
+class Side:
+    """One checkout's kernels in a process of its own (see :func:`worker`)."""
+
+    def __init__(self, name: str, tree: Path, width: int) -> None:
+        self.name = name
+        path = os.pathsep.join(dict.fromkeys([str(tree), str(ROOT)]))
+        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker",
+                                      "--width", str(width)], cwd=tree, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.keys: list[str] = self._reply()
+
+    def run(self, key: str) -> tuple[float, str]:
+        self.proc.stdin.write(key + "\n")
+        self.proc.stdin.flush()
+        seconds, digest = self._reply()
+        return seconds, digest
+
+    def _reply(self) -> Any:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench-kernels: the {self.name} side exited "
+                               f"(code {self.proc.wait()}); see its output above")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def time_sides(sides: list[Side], repeats: int, warmup: int = 2
+               ) -> tuple[list[dict[str, Any]], list[float]]:
+    """Per key both sides can run: their median ms and whether their outputs agreed; and the
+    1-minute load average at every measured repeat."""
+    keys = [k for k in sides[0].keys if all(k in s.keys for s in sides)]
+    seconds: dict[tuple[str, str], list[float]] = {(s.name, k): [] for s in sides for k in keys}
+    digests: dict[str, set[str]] = {k: set() for k in keys}
+    load = []
+    for repeat in range(warmup + repeats):
+        if repeat >= warmup:
+            load.append(os.getloadavg()[0])
+        for key in keys:
+            for side in sides if repeat % 2 == 0 else sides[::-1]:
+                took, digest = side.run(key)
+                digests[key].add(digest)
+                if repeat >= warmup:
+                    seconds[(side.name, key)].append(took)
+    rows = [{"pass": k, **{s.name: statistics.median(seconds[(s.name, k)]) * 1e3 for s in sides},
+             "same bits": len(digests[k]) == 1} for k in keys]
+    return rows, load
+
+
+def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any],
+          out: Path) -> None:
+    """kernels.csv and kernels.md: one row per pass."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "kernels.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["pass", "baseline_ms", "this_ms", "speed_up", "same_bits"])
+        for row in rows:
+            writer.writerow([row["pass"], f"{row['baseline']:.3f}", f"{row['this']:.3f}",
+                             f"{row['baseline'] / row['this']:.3f}", row["same bits"]])
+    lines = [f"Command: `make bench-kernels BASELINE={context['baseline_ref']}` (python -m "
+             f"benchmarks.kernel_ab), {context['minutes']:.1f} min; this side "
+             f"{context['this']}, baseline {context['baseline']}; {context['made_by']}. "
+             f"ResNet-18's matrix-shaped layers (width {context['width']}), one thread, inputs "
+             f"from memory (caches filled with other data before each call), median of "
+             f"{context['repeats']} repeats, the sides taking turns going first; load average "
+             f"(1 min) at the repeats: min {min(load):.2f}, median "
+             f"{statistics.median(load):.2f}, max {max(load):.2f} on {os.cpu_count()} CPUs.", "",
+             "| pass | baseline ms | this ms | speed-up | same bits |", "|---|---:|---:|---:|---|"]
+    lines += [f"| {r['pass']} | {r['baseline']:.2f} | {r['this']:.2f} | "
+              f"{r['baseline'] / r['this']:.2f}x | {'yes' if r['same bits'] else 'NO'} |"
+              for r in rows]
+    (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline", metavar="REF", help="the git commit to compare with")
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--width", type=int, default=64,
+                        help="ResNet-18's first-stage channels (64: the real one; 8: a check)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.width)
+        return 0
+    if not args.baseline:
+        raise SystemExit("bench-kernels: BASELINE=<git ref> is required (the commit whose "
+                         "kernels this one is compared with)")
+    started, made_by = time.perf_counter(), provenance.made_here()
+    with checkout(args.baseline) as tree:
+        sides = [Side("this", ROOT, args.width), Side("baseline", tree, args.width)]
+        try:
+            rows, load = time_sides(sides, args.repeats)
+        finally:
+            for side in sides:
+                side.close()
+    context = {"repeats": args.repeats, "made_by": made_by, "width": args.width,
+               "baseline_ref": args.baseline,
+               "baseline": _describe(args.baseline),
+               "this": _describe("HEAD") + (" + uncommitted changes"
+                                            if provenance.code_changed() else ""),
+               "minutes": (time.perf_counter() - started) / 60}
+    write(rows, load, context, args.out)
+    return 0
+
+
+def _describe(ref: str) -> str:
+    """``ref`` as its short hash and commit date."""
+    done = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h (%cs)", ref],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or ref
+
+
+if __name__ == "__main__":
+    sys.exit(main())
