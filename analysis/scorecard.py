@@ -35,8 +35,9 @@ FILES = ("scorecard.csv", "scorecard.md", "scorecard.html")
 ABOUT = (
     "Each row is one comparison a paper makes (analysis/claims.yaml: the cells, the bound or "
     "margin and its source). Ours is the effect over seeds (a - b, or a / b for ratios) with "
-    "a 95% Student-t interval: paired on per-seed differences when both cells ran the same seeds, "
-    "Welch's when they did not, one-sample for a claim about one cell; ratios on the log scale. "
+    "a 95% Student-t interval: paired on per-seed differences over the seeds both cells ran (a "
+    "seed only one ran is left out), Welch's when fewer than two are common, one-sample for a "
+    "claim about one cell; ratios on the log scale. "
     "Reproduced: the whole interval lies on the claimed side of the bound; not reproduced: "
     "wholly on the other side; inconclusive: it straddles the bound, or one seed (no interval). "
     "Published: the paper's effect where it states one (at paper scale; at tiny scale compare "

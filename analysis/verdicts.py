@@ -7,11 +7,12 @@ seed, their means, the effect with a 95% confidence interval over seeds and a ve
 A claim compares cell ``a`` with cell ``b`` (or ``a`` alone with its bound); a cell's values are
 one per seed (:data:`METRICS`). The interval (:func:`interval`) is Student's t at 95%:
 
-- paired, on the per-seed differences a_s - b_s, when both cells ran the same seeds (two or
-  more): runs of one seed share the initial weights and the data order, so the pairing removes
-  that part of the seed-to-seed spread;
-- Welch's, on the two cells' means with Welch-Satterthwaite degrees of freedom, when their seeds
-  differ (two or more runs each);
+- paired, on the per-seed differences a_s - b_s over the seeds both cells ran (two or more):
+  runs of one seed share the initial weights and the data order, so the pairing removes that
+  part of the seed-to-seed spread; a seed only one cell ran has no partner and is left out (the
+  seeds column names them);
+- Welch's, on the two cells' means with Welch-Satterthwaite degrees of freedom, when fewer than
+  two seeds are common (two or more runs each);
 - one-sample, on the values of ``a``, for a claim about one cell.
 
 ``effect: ratio`` computes the same on the logarithms and reports exp() of the estimate and the
@@ -278,8 +279,8 @@ def interval(a: pd.Series, b: pd.Series | None, effect: str) -> Interval:
     b = (np.log(b) if log else b) if b is not None else None
     if b is None:
         result = _one_sample(a.to_numpy(float), "one-sample t")
-    elif len(a) >= 2 and set(a.index) == set(b.index):
-        result = _one_sample((a - b.reindex(a.index)).to_numpy(float), "paired t")
+    elif len(common := paired_seeds(a, b)) >= 2:
+        result = _one_sample((a[common] - b[common]).to_numpy(float), "paired t")
     else:
         result = _welch(a.to_numpy(float), b.to_numpy(float))
     if not log:
@@ -287,6 +288,11 @@ def interval(a: pd.Series, b: pd.Series | None, effect: str) -> Interval:
     kind = result.kind if math.isnan(result.low) else result.kind + " on logs"
     return Interval(*(math.exp(v) for v in (result.estimate, result.low, result.high)), kind,
                     result.n)
+
+
+def paired_seeds(a: pd.Series, b: pd.Series) -> list[Any]:
+    """The seeds both cells ran (the pairs of a paired interval), in order."""
+    return sorted(set(a.index) & set(b.index))
 
 
 def _one_sample(values: np.ndarray, kind: str) -> Interval:
@@ -439,13 +445,19 @@ def _published(claim: Claim, ref: pd.DataFrame) -> tuple[float, str]:
 
 
 def _seeds(a: pd.Series, b: pd.Series | None) -> str:
-    """The seeds of the values used: ``0 1 2``, or ``0 1 2 vs 0 1`` where the cells differ."""
-    def names(values: pd.Series) -> str:
-        return " ".join(map(str, sorted(values.index))) or "none"
+    """The seeds of the values used: ``0 1 2``; ``0 1 2 (paired; a's 5 6 unpaired, left out)``
+    where two or more are common; ``0 1 2 vs 3 4`` (Welch's) where fewer are."""
+    def names(values: Any) -> str:
+        return " ".join(map(str, sorted(values))) or "none"
 
     if b is None or set(a.index) == set(b.index):
-        return names(a)
-    return f"{names(a)} vs {names(b)}"
+        return names(a.index)
+    common = paired_seeds(a, b)
+    if len(common) < 2:
+        return f"{names(a.index)} vs {names(b.index)}"
+    alone = [f"{cell}'s {names(set(v.index) - set(common))}" for cell, v in (("a", a), ("b", b))
+             if set(v.index) - set(common)]
+    return f"{names(common)} (paired; {' and '.join(alone)} unpaired, left out)"
 
 
 def _per_seed(values: pd.Series) -> str:

@@ -63,6 +63,21 @@ def test_paired_interval_when_the_seeds_match():
         (statistics.mean(d), statistics.mean(d) - half, statistics.mean(d) + half), abs=2e-3)
 
 
+def test_paired_over_the_common_seeds_when_one_cell_ran_more():
+    # a ran seeds 0-3, b 0-2: seed 3 has no partner; the pairs of 0-2 give the interval
+    a, b = _series({0: 97.5, 1: 96.3, 2: 97.5, 3: 90.0}), _series({2: 93.1, 0: 93.8, 1: 94.9})
+    d = [97.5 - 93.8, 96.3 - 94.9, 97.5 - 93.1]
+    half = T_TABLE[2] * statistics.stdev(d) / math.sqrt(3)
+    got = verdicts.interval(a, b, "difference")
+    assert got.kind == "paired t" and got.n == "3"
+    assert (got.low, got.high) == pytest.approx(
+        (statistics.mean(d) - half, statistics.mean(d) + half), abs=2e-3)
+    assert verdicts._seeds(a, b) == "0 1 2 (paired; a's 3 unpaired, left out)"
+    assert verdicts._seeds(b, _series({0: 1.0, 1: 1.0, 5: 1.0})) == \
+        "0 1 (paired; a's 2 and b's 5 unpaired, left out)"
+    assert verdicts._seeds(a, _series({0: 1.0, 7: 1.0})) == "0 1 2 3 vs 0 7"  # Welch's
+
+
 def test_welch_interval_when_the_seeds_differ():
     a, b = _series({0: 10.0, 1: 12.0, 2: 14.0}), _series({0: 9.0, 3: 9.5})
     va, vb = statistics.variance(a) / 3, statistics.variance(b) / 2
