@@ -356,7 +356,9 @@ def test_the_overview_refuses_a_claim_judged_twice_and_an_empty_folder(tmp_path,
 @pytest.mark.slow
 def test_scorecard_of_real_runs_agrees_with_their_records(analysis_runs, tmp_path):
     assert main([str(analysis_runs), "--out", str(tmp_path)]) == 0
-    csv = pd.read_csv(tmp_path / "scorecard.csv").set_index("id")
+    # hashes as text: a commit such as 75011e670879 reads as a float (7.5e670879) otherwise
+    csv = pd.read_csv(tmp_path / "scorecard.csv",
+                      dtype={"commits": str, "fingerprints": str}).set_index("id")
     assert {"table1", "table5"} == set(csv["sweep"])  # the fixture's adacomp runs: resnet18,
     # which the AdaComp claims name only at paper scale
     finals = {(r["cfg"]["method"], r["cfg"]["seed"]): r["rows"][-1]["test/accuracy"]
