@@ -346,30 +346,33 @@ def worker(width: int, device: torch.device) -> None:
 
 
 class Side:
-    """One checkout's methods in a process of its own (see :func:`worker`)."""
+    """One checkout's code in a process of its own: ``script``'s ``--worker`` mode (this file's:
+    :func:`worker`) with ``args``, on the checkout's packages. Its first line out is kept in
+    :attr:`rows` (what it can time); :meth:`run` asks for one key and returns the JSON reply.
+    ``label``: the make target named when the process dies."""
 
-    def __init__(self, name: str, tree: Path, width: int, device: str) -> None:
-        self.name = name
+    def __init__(self, name: str, tree: Path, args: list[str], script: Path = Path(__file__),
+                 label: str = "bench-compressors") -> None:
+        self.name, self.label = name, label
         # The tree's packages first; then this checkout's, for benchmark helpers it lacks.
         path = os.pathsep.join(dict.fromkeys([str(tree), str(ROOT)]))
         env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker",
-                                      "--width", str(width), "--device", device], cwd=tree,
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
-        self.rows: list[dict[str, Any]] = self._reply()
+        self.proc = subprocess.Popen([sys.executable, str(script.resolve()), "--worker", *args],
+                                     cwd=tree, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.rows: list[Any] = self._reply()
 
-    def run(self, key: str) -> tuple[float, float | None]:
-        """One step of method ``key``: (whole step, compressor's own work) in seconds."""
+    def run(self, key: str) -> Any:
+        """One request: here one step of method ``key``, [whole step, compressor's own work] in
+        seconds."""
         self.proc.stdin.write(key + "\n")
         self.proc.stdin.flush()
-        total, work = self._reply()
-        return total, work
+        return self._reply()
 
     def _reply(self) -> Any:
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"bench-compressors: the {self.name} side exited "
+            raise RuntimeError(f"{self.label}: the {self.name} side exited "
                                f"(code {self.proc.wait()}); see its output above")
         return json.loads(line)
 
@@ -391,24 +394,33 @@ def checkout(ref: str) -> Generator[Path, None, None]:
         yield Path(tmp)
 
 
+def alternate(plan: list[tuple[str, list[Side]]], repeats: int, warmup: int = 2
+              ) -> tuple[dict[tuple[str, str], list[Any]], list[float]]:
+    """Run each key of ``plan`` on each of its sides (those whose code has it), key after key,
+    repeat after repeat: each key on its sides back to back, the sides taking turns going first
+    (ABBA: the first meets the caches the previous key left). Returns every repeat's replies by
+    (side name, key), the ``warmup`` first ones included, and the 1-minute load average at each
+    measured repeat."""
+    replies: dict[tuple[str, str], list[Any]] = {(s.name, k): [] for k, on in plan for s in on}
+    load = []
+    for repeat in range(warmup + repeats):
+        if repeat >= warmup:
+            load.append(os.getloadavg()[0])
+        for key, on in plan:
+            for side in on if repeat % 2 == 0 else on[::-1]:
+                replies[(side.name, key)].append(side.run(key))
+    return replies, load
+
+
 def time_sides(sides: list[Side], repeats: int, warmup: int = 2
                ) -> tuple[dict[str, dict[str, dict[str, float]]], list[float]]:
     """Per side, per method key: median whole step and (ours) compressor work, seconds; and the
     1-minute load average sampled at every measured repeat."""
     keys = list(dict.fromkeys(row["key"] for s in sides for row in s.rows))
-    samples: dict[str, dict[str, list[tuple[float, float | None]]]] = {
-        s.name: {row["key"]: [] for row in s.rows} for s in sides}
-    load = []
-    for repeat in range(warmup + repeats):
-        if repeat >= warmup:
-            load.append(os.getloadavg()[0])
-        for key in keys:
-            for side in sides if repeat % 2 == 0 else sides[::-1]:  # ABBA: neither always first
-                if key not in samples[side.name]:
-                    continue  # a method this side's code lacks
-                result = side.run(key)
-                if repeat >= warmup:
-                    samples[side.name][key].append(result)
+    has = {s.name: {row["key"] for row in s.rows} for s in sides}  # a side's code may lack one
+    replies, load = alternate([(k, [s for s in sides if k in has[s.name]]) for k in keys],
+                              repeats, warmup)
+    samples = {s.name: {k: replies[(s.name, k)][warmup:] for k in has[s.name]} for s in sides}
     medians = {name: {key: {"total": statistics.median(t for t, _ in runs),
                             "work": statistics.median(w for _, w in runs) if runs[0][1]
                             is not None else None}
@@ -622,8 +634,9 @@ def main(argv: list[str] | None = None) -> int:
     load_before, started = os.getloadavg(), time.perf_counter()
     made_by = provenance.made_here()
     with checkout(args.baseline) if args.baseline else _nothing() as tree:
-        sides = [Side("this", ROOT, args.width, args.device)] + (
-            [Side("baseline", tree, args.width, args.device)] if tree else [])
+        width_device = ["--width", str(args.width), "--device", args.device]
+        sides = [Side("this", ROOT, width_device)] + (
+            [Side("baseline", tree, width_device)] if tree else [])
         try:
             median, load = time_sides(sides, args.repeats)
         finally:
@@ -632,8 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     tables = {s.name: table_rows(s.rows, median[s.name]) for s in sides}
     ddp = (None if cuda and torch.cuda.device_count() < 2 else
            run_ranks(_ddp_steps, 2, (args.ddp_steps, 16, args.width, cuda))[0])
-    context = {"repeats": args.repeats, "width": args.width, "baseline": _describe(args.baseline),
-               "this": _describe("HEAD") + (" + uncommitted changes"
+    context = {"repeats": args.repeats, "width": args.width, "baseline": describe(args.baseline),
+               "this": describe("HEAD") + (" + uncommitted changes"
                                             if provenance.code_changed() else ""),
                "device": args.device, "load_before": load_before, "made_by": made_by,
                "load_after": os.getloadavg(), "load": load,
@@ -647,8 +660,8 @@ def _nothing() -> Generator[None, None, None]:
     yield None
 
 
-def _describe(ref: str | None) -> str | None:
-    """``ref`` as its short commit hash and subject line (None: no baseline)."""
+def describe(ref: str | None) -> str | None:
+    """``ref`` as its short commit hash and commit date (None: no baseline)."""
     if ref is None:
         return None
     done = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h (%cs)", ref],

@@ -25,19 +25,21 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import models
-from benchmarks.compressors import ROOT, checkout
+from benchmarks.compressors import ROOT
 from core import provenance
+
+if TYPE_CHECKING:
+    from benchmarks.compressors import Side
 
 OUT = ROOT / "results" / "bench"
 TOPK_RATIOS = (0.99, 0.25, 0.1, 0.02)
@@ -180,55 +182,18 @@ def worker(width: int) -> None:
         print(json.dumps(made[line.strip()]()), file=out, flush=True)
 
 
-class Side:
-    """One checkout's kernels in a process of its own (see :func:`worker`)."""
-
-    def __init__(self, name: str, tree: Path, width: int) -> None:
-        self.name = name
-        path = os.pathsep.join(dict.fromkeys([str(tree), str(ROOT)]))
-        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker",
-                                      "--width", str(width)], cwd=tree, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.keys: list[str] = self._reply()
-
-    def run(self, key: str) -> tuple[float, str]:
-        self.proc.stdin.write(key + "\n")
-        self.proc.stdin.flush()
-        seconds, digest = self._reply()
-        return seconds, digest
-
-    def _reply(self) -> Any:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"bench-kernels: the {self.name} side exited "
-                               f"(code {self.proc.wait()}); see its output above")
-        return json.loads(line)
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=120)
-
-
 def time_sides(sides: list[Side], repeats: int, warmup: int = 2
                ) -> tuple[list[dict[str, Any]], list[float]]:
-    """Per key both sides can run: their median ms and whether their outputs agreed; and the
-    1-minute load average at every measured repeat."""
-    keys = [k for k in sides[0].keys if all(k in s.keys for s in sides)]
-    seconds: dict[tuple[str, str], list[float]] = {(s.name, k): [] for s in sides for k in keys}
-    digests: dict[str, set[str]] = {k: set() for k in keys}
-    load = []
-    for repeat in range(warmup + repeats):
-        if repeat >= warmup:
-            load.append(os.getloadavg()[0])
-        for key in keys:
-            for side in sides if repeat % 2 == 0 else sides[::-1]:
-                took, digest = side.run(key)
-                digests[key].add(digest)
-                if repeat >= warmup:
-                    seconds[(side.name, key)].append(took)
-    rows = [{"pass": k, **{s.name: statistics.median(seconds[(s.name, k)]) * 1e3 for s in sides},
-             "same bits": len(digests[k]) == 1} for k in keys]
+    """Per key both sides can run: their median ms over the measured repeats and whether their
+    outputs agreed in every repeat; and the 1-minute load average at every measured repeat."""
+    from benchmarks.compressors import alternate  # noqa: PLC0415 (see main)
+
+    keys = [k for k in sides[0].rows if all(k in s.rows for s in sides)]
+    replies, load = alternate([(k, sides) for k in keys], repeats, warmup)
+    rows = [{"pass": k, **{s.name: statistics.median(
+                 t for t, _ in replies[(s.name, k)][warmup:]) * 1e3 for s in sides},
+             "same bits": len({d for s in sides for _, d in replies[(s.name, k)]}) == 1}
+            for k in keys]
     return rows, load
 
 
@@ -270,12 +235,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.width)
         return 0
+    # The parent's helpers, imported here: a worker runs on the other checkout's benchmarks
+    # package first, which may predate them.
+    from benchmarks.compressors import Side, checkout, describe  # noqa: PLC0415
+
     if not args.baseline:
         raise SystemExit("bench-kernels: BASELINE=<git ref> is required (the commit whose "
                          "kernels this one is compared with)")
     started, made_by = time.perf_counter(), provenance.made_here()
     with checkout(args.baseline) as tree:
-        sides = [Side("this", ROOT, args.width), Side("baseline", tree, args.width)]
+        width, script = ["--width", str(args.width)], Path(__file__)
+        sides = [Side(name, tree_of, width, script, "bench-kernels")
+                 for name, tree_of in (("this", ROOT), ("baseline", tree))]
         try:
             rows, load = time_sides(sides, args.repeats)
         finally:
@@ -283,19 +254,12 @@ def main(argv: list[str] | None = None) -> int:
                 side.close()
     context = {"repeats": args.repeats, "made_by": made_by, "width": args.width,
                "baseline_ref": args.baseline,
-               "baseline": _describe(args.baseline),
-               "this": _describe("HEAD") + (" + uncommitted changes"
+               "baseline": describe(args.baseline),
+               "this": describe("HEAD") + (" + uncommitted changes"
                                             if provenance.code_changed() else ""),
                "minutes": (time.perf_counter() - started) / 60}
     write(rows, load, context, args.out)
     return 0
-
-
-def _describe(ref: str) -> str:
-    """``ref`` as its short hash and commit date."""
-    done = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h (%cs)", ref],
-                          capture_output=True, text=True, check=False)
-    return done.stdout.strip() or ref
 
 
 if __name__ == "__main__":
