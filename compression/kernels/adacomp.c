@@ -388,12 +388,6 @@ static void add_range(float *to, int64_t start, int64_t stop, int64_t bin_size,
     }
 }
 
-/* Copy a finished block to out (the AVX2 path streams it: stream_floats, prelude.h). */
-typedef void store_fn(float *out, const float *block, int64_t len);
-static void store_block(float *out, const float *block, int64_t len) {
-    memcpy(out, block, (size_t)len * sizeof(float));
-}
-
 /* out (n elements in bins of bin_size) = sum over workers of sign v[w] where worker w sent:
    its sent bytes at sent[w], its sign bytes size bytes after. Built in an L1 block, a piece
    (whole bins, or part of a long bin) at a time, and streamed out. */
@@ -422,7 +416,7 @@ static inline __attribute__((always_inline)) void decompress_layer(
 }
 static void decompress_scalar(float *out, int64_t n, int64_t bin_size, int64_t world,
                               const uint8_t *const *sent, int64_t size, const float *v) {
-    decompress_layer(out, n, bin_size, world, sent, size, v, add_range, store_block);
+    decompress_layer(out, n, bin_size, world, sent, size, v, add_range, copy_floats);
 }
 
 #ifdef X86

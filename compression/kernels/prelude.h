@@ -1,7 +1,8 @@
 /* What every kernel's C source starts with: the headers, X86 where the AVX2 code paths can be
    built, use_avx2(): whether to take them (the CPU has AVX2, and the environment variable
    named PORTABLE_ENV is not set: the tests' way to run the portable loops on any machine), and
-   stream_floats(), the AVX2 paths' way to write an output that is only written.
+   copy_floats() and stream_floats(), the portable and AVX2 ways to write a finished block of an
+   output that is only written.
    compression/_native.py compiles the kernels with -DPORTABLE_ENV=<its name>, a string. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,6 +20,12 @@ static int use_avx2(void) {
 #endif
     }
     return cached;
+}
+
+/* A finished block copied to out: the portable paths' store_fn (the AVX2 ones stream it). */
+typedef void store_fn(float *out, const float *block, int64_t len);
+__attribute__((unused)) static void copy_floats(float *out, const float *block, int64_t len) {
+    memcpy(out, block, (size_t)len * sizeof(float));
 }
 
 #ifdef X86

@@ -8,10 +8,6 @@ _Static_assert(HIGH_BITS + LOW_BITS == 31, "the two histograms split the 31 bits
 #define HIGH (1 << HIGH_BITS)     /* buckets of the top HIGH_BITS bits of |acc| */
 #define LOW (1 << LOW_BITS)       /* buckets of the low LOW_BITS bits, within one high bucket */
 
-static void copy_floats(float *out, const float *block, int64_t len) {
-    memcpy(out, block, (size_t)len * sizeof(float));
-}
-
 static inline int32_t key(float x) {  /* |x| as ordered bits: exponent, then mantissa */
     uint32_t u; memcpy(&u, &x, 4); return (int32_t)(u & 0x7fffffffu);
 }
@@ -319,7 +315,7 @@ int topk_decompress(float *out, int64_t n, int64_t world, const int32_t *parts, 
                     int64_t k, float alpha, int64_t *next) {
     enum { BLOCK = 4096 };
     float block[BLOCK];
-    void (*store)(float *, const float *, int64_t) = copy_floats;
+    store_fn *store = copy_floats;
 #ifdef X86
     if (use_avx2()) store = stream_floats;
 #endif
