@@ -15,7 +15,6 @@ the exchange of messages (:mod:`compression.comm`, :mod:`compression.exchange`) 
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,51 +26,40 @@ from compression.hook import HookState
 from compression.simulate import Simulation, simulate
 from compression.worker import WorkerState
 from core.errors import ConfigError
+from core.registry import Registry
 
-__all__ = ["Compressor", "HookState", "Simulation", "WorkerState", "adopt", "available",
-           "build", "build_compressor", "create", "register", "simulate", "with_levels"]
+__all__ = ["REGISTRY", "Compressor", "HookState", "Simulation", "WorkerState", "adopt",
+           "available", "build", "build_compressor", "create", "register", "simulate",
+           "with_levels"]
 
-_REGISTRY: dict[str, type[Compressor]] = {}
-_MODULES = ("none", "powersgd", "topk", "adacomp", "ef_signsgd", "qsgd", "terngrad", "dgc",
-            "randomk", "signsgd", "onebit", "natural", "cast")
+# Compressor name -> the module that registers it (imported when the name is asked for).
+REGISTRY: Registry[type[Compressor]] = Registry("compressor", "compression", {
+    "none": "none", "powersgd": "powersgd", "topk": "topk", "adacomp": "adacomp",
+    "ef_signsgd": "ef_signsgd", "qsgd": "qsgd", "terngrad": "terngrad", "dgc": "dgc",
+    "randomk": "randomk", "signsgd": "signsgd", "signum": "signsgd", "onebit": "onebit",
+    "natural": "natural", "fp16": "cast", "bf16": "cast"})
 TARGET = "_target_"  # a compressor class from outside the package (see build_compressor)
 
 
 def register(name: str) -> Callable[[type[Compressor]], type[Compressor]]:
     """Class decorator: make a compressor available as ``compressor=name``."""
-
-    def wrap(cls: type[Compressor]) -> type[Compressor]:
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return wrap
+    return REGISTRY.register(name)
 
 
 def available() -> list[str]:
     """Names accepted by :func:`create`."""
-    for module in _MODULES:
-        importlib.import_module(f"compression.{module}")
-    return sorted(_REGISTRY)
+    return REGISTRY.available()
 
 
 def with_levels() -> list[str]:
     """Compressors that have levels for Accordion to switch (``accordion_levels``)."""
-    return [name for name in available() if _REGISTRY[name].accordion_levels is not None]
+    return [name for name in available() if REGISTRY.entries[name].accordion_levels is not None]
 
 
 def create(name: str, **params: Any) -> Compressor:
-    """Instantiate compressor ``name``; bad parameters raise a ValueError naming the field."""
-    if name not in available():
-        raise ConfigError(f"compressor.name: unknown compressor {name!r}; choose one of "
-                          f"{available()}")
-    cls = _REGISTRY[name]
-    allowed = [p for p in inspect.signature(cls).parameters if p != "self"]
-    for key in params:
-        if key not in allowed:
-            raise ConfigError(f"compressor.{key}: unknown key for compressor {name!r}; "
-                              f"expected {allowed or 'none'}")
-    return cls(**params)
+    """Instantiate compressor ``name``; bad parameters raise a ConfigError naming the field."""
+    REGISTRY.check_keys(name, params)
+    return REGISTRY.get(name)(**params)
 
 
 def build_compressor(cfg: Any) -> Compressor:
@@ -103,7 +91,7 @@ def adopt(target: Any, name: Any) -> None:
         raise ConfigError(f"compressor.name: expected the name to register {target!r} under, "
                           f"got {name!r}")
     available()  # the package's own compressors first: a plugin cannot take their names
-    taken = _REGISTRY.get(name, cls)
+    taken = REGISTRY.entries.get(name, cls)
     if taken is not cls:
         raise ConfigError(f"compressor.name: {name!r} is taken by {taken.__module__}."
                           f"{taken.__qualname__}; choose another name")

@@ -9,7 +9,6 @@ the data (its task, its images' shape, its classes) and cannot be changed.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from core.errors import ConfigError, check_bool, check_int, check_str
+from core.registry import Registry
 
 Task = Literal["classification", "language_model"]
 
@@ -40,16 +40,15 @@ class DataBundle:
 
 Builder = Callable[[Any], DataBundle]
 Checker = Callable[[Any], None]
-_BUILDERS: dict[str, Builder] = {}
-_CHECKERS: dict[str, Checker] = {}
-_FIXED: dict[str, dict[str, Any]] = {}
 # Dataset name -> the module that registers it, imported only when that dataset is used (the
 # file-based ones import torchvision: seconds of start-up for every run that does not need it).
-_MODULES = {
+REGISTRY: Registry[Builder] = Registry("dataset", "data", {
     "digits": "digits", "synthetic": "synthetic", "cifar10": "cifar", "cifar100": "cifar",
     "mnist": "mnist", "imagenet": "imagenet", "wikitext2": "wikitext2",
     "shakespeare": "shakespeare", "synthetic_text": "synthetic_text",
-}
+})
+_CHECKERS: dict[str, Checker] = {}
+_FIXED: dict[str, dict[str, Any]] = {}
 
 
 def register(*names: str, check: Checker | None = None, fixed: dict[str, Any] | None = None
@@ -58,8 +57,8 @@ def register(*names: str, check: Checker | None = None, fixed: dict[str, Any] | 
     is that of the data (e.g. ``{"task": "classification", "input_shape": [3, 32, 32]}``)."""
 
     def wrap(fn: Builder) -> Builder:
+        REGISTRY.register(*names)(fn)
         for name in names:
-            _BUILDERS[name] = fn
             _FIXED[name] = dict(fixed or {})
             if check is not None:
                 _CHECKERS[name] = check
@@ -70,17 +69,12 @@ def register(*names: str, check: Checker | None = None, fixed: dict[str, Any] | 
 
 def available() -> list[str]:
     """Names accepted by :func:`build`."""
-    _load_all()
-    return sorted(_BUILDERS)
+    return REGISTRY.available()
 
 
 def check(cfg: Any) -> None:
     """Validate the ``dataset`` config (values and files) without loading data."""
-    _load(cfg.name)
-    if cfg.name not in _BUILDERS:
-        raise ConfigError(
-            f"dataset.name: unknown dataset {cfg.name!r}; choose one of {available()}"
-        )
+    REGISTRY.get(cfg.name)
     for field in ("subset", "test_subset"):
         if cfg.get(field) is not None:
             check_int(cfg.get(field), f"dataset.{field}", 1)
@@ -123,7 +117,7 @@ def build(cfg: Any) -> DataBundle:
     """Load dataset ``cfg.name`` and apply ``cfg.subset`` and ``cfg.test_subset`` (the first N
     training and test examples)."""
     check(cfg)
-    bundle = _BUILDERS[cfg.name](cfg)
+    bundle = REGISTRY.get(cfg.name)(cfg)
     if cfg.get("subset") is not None:
         bundle.train = take_first(bundle.train, cfg.subset, "dataset.subset")
     if cfg.get("test_subset") is not None:
@@ -173,16 +167,3 @@ def check_vocabulary(cfg: Any, size: int, source: Path) -> int:
             f"use the standard files or set dataset.num_classes={size} (or null)"
         )
     return size
-
-
-def _load(name: Any) -> None:
-    """Import the module that registers dataset ``name`` (all of them for an unknown name)."""
-    if isinstance(name, str) and name in _MODULES:
-        importlib.import_module(f"data.{_MODULES[name]}")
-    else:
-        _load_all()
-
-
-def _load_all() -> None:
-    for module in sorted(set(_MODULES.values())):
-        importlib.import_module(f"data.{module}")

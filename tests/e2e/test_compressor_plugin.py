@@ -50,7 +50,7 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     yield tmp_path
-    compression._REGISTRY.pop(NAME, None)
+    compression.REGISTRY.entries.pop(NAME, None)
     sys.modules.pop("my_compressors", None)
 
 

@@ -410,8 +410,8 @@ def _declared(cfg: DictConfig, place: str, key: str) -> bool:
     if place == "model.":
         import inspect
 
-        from models import _REGISTRY
-        return key in inspect.signature(_REGISTRY[cfg.model.name]).parameters
+        from models import REGISTRY
+        return key in inspect.signature(REGISTRY.entries[cfg.model.name]).parameters
     return False
 
 

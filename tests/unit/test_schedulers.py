@@ -489,7 +489,7 @@ def test_build_errors_say_what_is_allowed(cfg, message):
 def test_register_names_the_class_and_build_makes_it(monkeypatch):
     # register() itself, called here: the shipped schedulers register at import time
     schedulers.available()  # every shipped scheduler registered before the registry is swapped
-    monkeypatch.setattr(schedulers, "_REGISTRY", dict(schedulers._REGISTRY))
+    monkeypatch.setattr(schedulers.REGISTRY, "entries", dict(schedulers.REGISTRY.entries))
 
     class Probe(schedulers.Scheduler):
         """A scheduler without parameters."""
