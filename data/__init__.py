@@ -74,7 +74,7 @@ def available() -> list[str]:
 
 def check(cfg: Any) -> None:
     """Validate the ``dataset`` config (values and files) without loading data."""
-    REGISTRY.get(cfg.name)
+    REGISTRY.get(cfg.name)  # an unknown name: refused, naming dataset.name
     for field in ("subset", "test_subset"):
         if cfg.get(field) is not None:
             check_int(cfg.get(field), f"dataset.{field}", 1)
