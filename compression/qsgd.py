@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
+from compression import _qsgd_kernel as _kernel
 from compression import blocks, register, rng
+from compression._native import usable
 from compression.base import Layer, divisor
 from compression.exchange import GatherCompressor, pack_bits, unpack_bits
 from core.errors import check_int
@@ -67,7 +69,12 @@ def code_bits(codes: torch.Tensor, bucket: int) -> int | torch.Tensor:
     device (no host sync per step: the hook reads it once an epoch), else an int.
 
     The gap is to the previous non-zero of the bucket (the running maximum of the non-zeros'
-    positions, a scan without ``nonzero``), or from the bucket's start for its first one."""
+    positions, a scan without ``nonzero``), or from the bucket's start for its first one. On
+    contiguous int32 CPU codes the C kernel counts the same in one pass
+    (:mod:`compression._qsgd_kernel`)."""
+    counted = _kernel.code_bits(codes, bucket)
+    if counted is not None:
+        return counted
     at = torch.arange(codes.numel(), device=codes.device)
     kept = codes != 0
     last = torch.where(kept, at, -1).cummax(0).values                  # last non-zero <= i
@@ -119,6 +126,10 @@ class QSGD(rng.Stochastic, GatherCompressor):
         codes = (low + up).clamp_(max=s).to(torch.int32)                # s xi_i
         width, planes = math.ceil(n / 8), message[4 * v.shape[0]:]
         planes[width * (1 + s.bit_length()):].zero_()                   # padding
+        lib = _kernel.kernel() if _kernel_takes(grad, message) else None
+        if lib is not None:                                             # the same planes, in C
+            _kernel.pack(lib, codes, grad, planes, s.bit_length())
+            return 32 * v.shape[0] + code_bits(codes, d)
         planes[:width] = pack_bits(grad < 0)                            # sgn(v_i)
         for bit in range(s.bit_length()):                               # the level, bit by bit
             planes[width * (1 + bit):width * (2 + bit)] = pack_bits((codes >> bit) & 1 == 1)
@@ -128,6 +139,13 @@ class QSGD(rng.Stochastic, GatherCompressor):
         n, s = out.numel(), layer.level
         d = self._bucket(n)
         count, width = blocks.count(n, d), math.ceil(n / 8)
+        lib = _kernel.kernel() if _kernel_takes(out, *parts) else None
+        if lib is not None:                                             # the same sum, in C
+            for w, part in enumerate(parts):                            # sum_w Q_s(v_w)
+                _kernel.add(lib, out, d, part[:4 * count].view(torch.float32), s,
+                            part[4 * count:], s.bit_length(), w == 0)
+            out.div_(divisor(out, parts.shape[0]))                      # / W
+            return
         codes = torch.empty(n, dtype=torch.int32, device=out.device)
         out.zero_()
         for part in parts:                                              # sum_w Q_s(v_w)
@@ -142,3 +160,9 @@ class QSGD(rng.Stochastic, GatherCompressor):
 
     def _bucket(self, numel: int) -> int:
         return min(self.bucket_size or numel, numel)
+
+
+def _kernel_takes(floats: torch.Tensor, *messages: torch.Tensor) -> bool:
+    """Whether the C kernel can take a step's float32 tensor and its messages (each contiguous,
+    on the CPU: this worker's, or each worker's received)."""
+    return usable(torch.float32, floats) and usable(torch.uint8, *messages)

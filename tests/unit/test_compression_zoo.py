@@ -19,15 +19,15 @@ from omegaconf import OmegaConf
 
 import compression
 from benchmarks.ranks import run_ranks
-from compression import rng
+from compression import _qsgd_kernel, rng
 from compression.base import Layer
 from compression.natural import natural_round
-from compression.qsgd import code_bits, omega_bits
+from compression.qsgd import MAX_LEVELS, code_bits, omega_bits
 from compression.table import lines_of_code
 from compression.table import main as table_main
 from core.errors import ConfigError
 from tests.ranks.test_compression_ddp import batch, make_ddp, make_plain, plain
-from tests.references import random_steps
+from tests.references import random_steps, require_kernel
 
 Z = 5.0        # standard errors allowed per element (P(|z| > 5) ~ 6e-7: none of 256 elements)
 DRAWS = 2000   # quantizations per statistical test
@@ -102,9 +102,13 @@ def test_omega_bits_match_the_written_code() -> None:
     assert omega_bits(big).tolist() == [len(elias_omega(int(n))) for n in big]
 
 
-def test_code_bits_count_code_s_bucket_by_bucket() -> None:
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])  # the torch ops; the C kernel
+def test_code_bits_count_code_s_bucket_by_bucket(dtype: torch.dtype) -> None:
+    if dtype == torch.int32:
+        require_kernel(_qsgd_kernel.LIBRARY)
     gen = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 4, (300,), generator=gen) * (torch.rand(300, generator=gen) < 0.3)
+    codes = codes.to(dtype)
     for bucket in (7, 64, 300):
         want = 0
         for start in range(0, 300, bucket):
@@ -114,6 +118,61 @@ def test_code_bits_count_code_s_bucket_by_bucket() -> None:
                     want += len(elias_omega(i - previous)) + 1 + len(elias_omega(int(codes[i])))
                     previous = i
         assert code_bits(codes, bucket) == want
+
+
+def test_the_code_bits_kernel_counts_as_the_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long gaps (sparse levels), the highest levels, buckets of one element up to the whole
+    layer, and a short last bucket."""
+    require_kernel(_qsgd_kernel.LIBRARY)
+    gen = torch.Generator().manual_seed(2)
+    n = 200_003
+    levels = torch.randint(1, MAX_LEVELS + 1, (n,), generator=gen, dtype=torch.int32)
+    dense, sparse = levels % 3, levels * (torch.rand(n, generator=gen) < 0.001)
+    cases = [(c.to(torch.int32), bucket) for c in (dense, sparse, levels)
+             for bucket in (1, 512, 70_000, n)]
+    kernel = [code_bits(c, bucket) for c, bucket in cases]
+    monkeypatch.setattr(_qsgd_kernel, "code_bits", lambda codes, bucket: None)
+    assert kernel == [code_bits(c, bucket) for c, bucket in cases]
+
+
+@pytest.mark.parametrize(("shape", "levels", "bucket"), [
+    ((3, 5), 1, 4), ((7, 13), 4, 512), ((40, 37), 256, 64), ((40, 37), 256, None),
+    ((1, 9), 5, 1), ((64, 3, 3, 3), MAX_LEVELS, 100)])
+def test_qsgd_kernel_is_bitwise_the_torch_ops(shape: tuple[int, ...], levels: int,
+                                              bucket: int | None,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three workers, three steps (the same random streams): every output and bit count of the
+    C kernel's path equals the torch ops', and so does a message, byte for byte; zeros, -0 and
+    a short last byte included."""
+    require_kernel(_qsgd_kernel.LIBRARY)
+    steps = random_steps(shape, 3, 3, seed=7)
+    for step in steps:
+        for g in step:
+            g.view(-1)[::5] = 0.0
+            g.view(-1)[1::7] = -0.0
+
+    def run() -> list:
+        sim = compression.Simulation("qsgd", 3, shape, levels=levels, bucket_size=bucket)
+        return [sim.step([g.clone() for g in step]) for step in steps]
+
+    def message() -> list[int]:                            # one worker's, as sent
+        qsgd = compression.create("qsgd", levels=levels, bucket_size=bucket)
+        layer = Layer("w", torch.Size(shape), levels)
+        rng.start(layer, "rounding", 0, 0)
+        sent = torch.full((qsgd.message_size(layer, steps[0][0].numel()),), 0xAB,
+                          dtype=torch.uint8)
+        qsgd.compress(layer, steps[0][0].view(-1).clone(), sent)
+        return sent.tolist()
+
+    kernel, sent = run(), message()
+    monkeypatch.setattr(_qsgd_kernel, "kernel", lambda: None)
+    monkeypatch.setattr(_qsgd_kernel, "code_bits", lambda codes, bucket: None)
+    assert message() == sent
+    eager = run()
+    for (out_k, bits_k), (out_e, bits_e) in zip(kernel, eager, strict=True):
+        assert bits_k == bits_e
+        assert [o.view(torch.int32).tolist() for o in out_k] == \
+            [o.view(torch.int32).tolist() for o in out_e]
 
 
 @pytest.mark.parametrize(("levels", "bucket"), [(4, 64), (1, None), (256, 64)])
