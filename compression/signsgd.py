@@ -16,7 +16,8 @@ The exchange. The paper's server gets one bit per element from each worker and s
 sign back, one more bit down. We have no server: an all-gather of the bit-packed signs, every
 worker counting the vote itself (it receives W bits per element). ``bits`` and ``wire_bits``
 both count the n bits a worker sends (up); an all-reduce of int8 signs instead would send 8 n.
-No levels: there is nothing for Accordion to switch.
+No levels: there is nothing for Accordion to switch. On the CPU a C kernel packs the signs and
+counts the vote (:mod:`compression._sign_kernel`: the same bits as the torch ops here).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import math
 
 import torch
 
+from compression import _sign_kernel as _kernel
 from compression import register
 from compression.base import Layer
 from compression.exchange import GatherCompressor, pack_bits, unpack_bits
@@ -55,10 +57,18 @@ class SignSGD(GatherCompressor):
         if self.momentum:                                   # v = (1 - beta) g + beta v
             v = self._v.buffer(layer, grad.numel(), grad).mul_(self.momentum)
             v.add_(grad, alpha=1 - self.momentum)
-        message[:] = pack_bits(v < 0)                       # sign(v)
+        lib = _kernel.kernel(v, message)                    # the same bits, in C
+        if lib is not None:
+            _kernel.pack(lib, v, message)
+        else:
+            message[:] = pack_bits(v < 0)                   # sign(v)
         return grad.numel()
 
     def decompress(self, layer: Layer, parts: torch.Tensor, out: torch.Tensor) -> None:
+        lib = _kernel.kernel(out, *parts)
+        if lib is not None:                                 # sign(V), in C
+            _kernel.vote(lib, out, parts)
+            return
         votes = torch.zeros(out.numel(), dtype=torch.int32, device=out.device)
         for part in parts:                                  # V = sum_w sign(v_w)
             votes += 1 - 2 * unpack_bits(part, out.numel()).int()

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 import compression
 from benchmarks.ranks import run_ranks
-from compression import _qsgd_kernel, rng
+from compression import _qsgd_kernel, _sign_kernel, rng
 from compression.base import Layer
 from compression.natural import natural_round
 from compression.qsgd import MAX_LEVELS, code_bits, omega_bits
@@ -399,20 +399,33 @@ def test_dgc_warmup_is_a_switchable_plan_of_levels(compose_cfg) -> None:  # noqa
 
 
 # ---- signSGD / Signum ---------------------------------------------------------------------------
-@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("kernel", [True, False])  # the C kernel; the torch ops (as on CUDA)
+@pytest.mark.parametrize(("shape", "workers"), [((6, 40), 1), ((6, 40), 2), ((5, 13), 3),
+                                                ((5, 13), 4)])
 @pytest.mark.parametrize("name", ["signsgd", "signum"])
-def test_sign_majority_vote_matches_reference(name: str, workers: int) -> None:
+def test_sign_majority_vote_matches_reference(name: str, shape: tuple[int, int], workers: int,
+                                              kernel: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if kernel:
+        require_kernel(_sign_kernel.LIBRARY)
+    else:
+        monkeypatch.setattr(_sign_kernel.LIBRARY, "get", lambda: None)
     beta = 0.9 if name == "signum" else 0.0
-    steps = random_steps((6, 40), workers, 5, seed=8)
+    n = math.prod(shape)
+    steps = random_steps(shape, workers, 5, seed=8)
+    for step in steps[::2]:                              # ties of an even vote; -0 is positive
+        step[0].view(-1)[::3] = -0.0
+        step[-1].view(-1)[1::3] = -step[0].view(-1)[1::3]
     got = compression.simulate(name, steps)
-    v = [torch.zeros(240, dtype=torch.float64) for _ in range(workers)]
+    v = [torch.zeros(n, dtype=torch.float64) for _ in range(workers)]
     for (out, bits), grads in zip(got, steps, strict=True):
-        votes = torch.zeros(240, dtype=torch.float64)
+        votes = torch.zeros(n, dtype=torch.float64)
         for w, g in enumerate(grads):
             v[w] = (1 - beta) * g.double().view(-1) + beta * v[w]
             votes += torch.where(v[w] < 0, -1.0, 1.0)
         assert torch.equal(out.double().view(-1), torch.sign(votes))
-        assert bits == [240] * workers
+        assert not torch.signbit(out[out == 0]).any()   # a tie is +0, as torch's
+        assert bits == [n] * workers
 
 
 # ---- 1-bit SGD ----------------------------------------------------------------------------------
