@@ -87,9 +87,9 @@ reproduce-auto: $(VENV_STAMP) ## issue 30: measured endpoints vs hand-picked and
 	$(RUN_SWEEP) sweep=auto_endpoints $(ONLY); $(call AFTER_SWEEP,$(PY) -m \
 		analysis.auto_endpoints $(RUNS) --scale $(SCALE) --out $(or $(OUT),results/auto))
 
-reproduce-zoo: $(VENV_STAMP) ## the zoo (conf/sweep/zoo.yaml: every compressor light / heavy / Accordion), then its leaderboard, recovery answers, Pareto figure -> results/zoo/ [OUT=dir]
+reproduce-zoo: $(VENV_STAMP) ## the zoo (conf/sweep/zoo.yaml: every compressor light / heavy / Accordion), then its leaderboard, recovery answers, Pareto figure -> results/zoo/ [OUT=dir] [KEEP=dir: keep that earlier report's rows of the methods not run here]
 	@$(RUN_SWEEP) sweep=zoo $(ONLY); $(call AFTER_SWEEP,$(PY) -m analysis.zoo report $(RUNS) \
-		--scale $(SCALE) --out $(or $(OUT),results/zoo))
+		--scale $(SCALE) --out $(or $(OUT),results/zoo) $(if $(KEEP),--keep $(KEEP)))
 
 zoo-sweep: $(VENV_STAMP) ## rewrite conf/sweep/zoo.yaml from the compressor registry (after adding a compressor)
 	$(PY) -m analysis.zoo sweep

@@ -2,7 +2,7 @@
 under Accordion between them, ranked on accuracy, data sent and time to accuracy.
 
     python -m analysis.zoo sweep                        # write conf/sweep/zoo.yaml (registry)
-    python -m analysis.zoo report [RUNS] [--scale tiny] [--out results/zoo]
+    python -m analysis.zoo report [RUNS] [--scale tiny] [--out results/zoo] [--keep DIR]
 
 ``sweep`` writes the sweep from the registry, so a new compressor joins by registering: for each
 benchmark (tiny: CIFAR-10 and WikiText-2 stand-ins) and compressor with levels, three runs
@@ -22,6 +22,13 @@ The sign compressors get their own optimizer settings (:data:`SIGN_OPTIMIZER`).
 - ``recovery.md`` / ``.csv``: per compressor with levels, "does Accordion recover the light
   level's accuracy at fewer bits?" with 95% t-intervals over seeds (paired by seed).
 
+Every row names what made it (``made``: the commits and the machines' fingerprints of its runs).
+``--keep DIR`` finishes a sweep whose earlier runs' records are gone (another session, another
+machine): the rows of the report in DIR for the methods (and compressors) these runs lack are
+kept beside these runs' rows and ranked with them; the heading lists them, and sets these runs'
+final beside the earlier report's for the methods both hold (rerun a few on purpose: equal
+finals show that the two parts' numerics agree).
+
 Time over the link. ``make bench-tta`` sets a link whose rate makes the dense (fp32) exchange of
 a step take ``ratio`` = 4 times the step's compute. The zoo's runs ran on loopback, so their time
 over that link is modelled, per epoch: the measured ``time/epoch_s`` plus ``ratio`` x t_0 x
@@ -37,9 +44,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -48,7 +56,7 @@ import yaml
 from matplotlib.lines import Line2D
 
 import compression
-from analysis import style
+from analysis import provenance, style
 from analysis.claims import load_sweep, made_by
 from analysis.tables import markdown, mean_std, run_stats
 from analysis.verdicts import load_margins
@@ -128,13 +136,17 @@ def label(group: dict[str, Any]) -> str:
     return method.replace("_", "-")
 
 
-def not_run(numbers: pd.DataFrame) -> dict[str, list[str]]:
+def not_run(numbers: pd.DataFrame, kept: set[tuple[str, str]] = frozenset()
+            ) -> dict[str, list[str]]:
     """Per model, the sweep's runs that ``numbers`` lacks: a method label, with the seeds it
-    lacks where it has some."""
+    lacks where it has some; none of the methods ``kept`` (model, method) from an earlier
+    report."""
     have = set(zip(numbers["model.name"], numbers["method"], numbers["seed"], strict=True))
     out: dict[str, list[str]] = {}
     for group in groups():
         model, name = group["model"], label(group)
+        if (model, name) in kept:
+            continue
         seeds = [s for s in SEEDS if (model, name, s) not in have]
         if seeds:
             out.setdefault(model, []).append(
@@ -214,18 +226,28 @@ def leaderboard(numbers: pd.DataFrame) -> pd.DataFrame:
     """Per model, per method: the means (and the final's std) over seeds, ranked by final."""
     rows = []
     for (model, method), runs in numbers.groupby(["model.name", "method"]):
-        lower = _lower(runs["metric"].iloc[0])
         rows.append({"model": model, "method": method, "metric": runs["metric"].iloc[0],
                      "compressor": runs["compressor.name"].iloc[0], "role": runs["role"].iloc[0],
                      "final": runs["final"].mean(), "final_std": runs["final"].std(ddof=1),
                      "gbit": runs["bits"].mean() / 1e9, "wire_gbit": runs["wire"].mean() / 1e9,
                      "epoch_s": runs["epoch_s"].mean(), "link_epoch_s": runs["link_epoch_s"].mean(),
                      "tta_s": runs["tta_s"].mean(), "reached": int(runs["tta_s"].notna().sum()),
-                     "seeds": len(runs), "score": -runs["final"].mean() if lower
-                     else runs["final"].mean()})
-    table = pd.DataFrame(rows).sort_values(["model", "score"], ascending=[True, False])
+                     "seeds": len(runs), "made": made(runs)})
+    return ranked(pd.DataFrame(rows))
+
+
+def ranked(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` sorted per model by its final metric, best first, and ``rank`` numbered."""
+    score = np.where(table["metric"].map(_lower), -table["final"], table["final"])
+    table = table.assign(score=score).sort_values(["model", "score"], ascending=[True, False])
     table["rank"] = table.groupby("model").cumcount() + 1
     return table.drop(columns="score")
+
+
+def made(runs: pd.DataFrame) -> str:
+    """What made ``runs``: their commits and machines' fingerprints (``<commits> on <fps>``)."""
+    cell = provenance.cell(runs)
+    return f"{cell['commits']} on {cell['fingerprints']}"
 
 
 def recovery(numbers: pd.DataFrame) -> pd.DataFrame:
@@ -248,7 +270,8 @@ def recovery(numbers: pd.DataFrame) -> pd.DataFrame:
         rows.append({"model": model, "compressor": name, "seeds": int(gain[0] == gain[0]) and
                      len((by_role["accordion"]["final"] - light["final"]).dropna()),
                      "accordion_minus_light": gain, "heavy_minus_light": heavy,
-                     "bits_ratio": bits, "margin": margin, "answer": answer(gain, bits, margin)})
+                     "bits_ratio": bits, "margin": margin, "answer": answer(gain, bits, margin),
+                     "made": made(runs)})
     return pd.DataFrame(rows)
 
 
@@ -297,7 +320,7 @@ def leaderboard_markdown(table: pd.DataFrame) -> str:
                                                     rows["seeds"], rows["link_epoch_s"],
                                                     strict=True)],
             "seeds": rows["seeds"]})
-        parts += [f"**{model}**", "", markdown(shown), ""]
+        parts += [f"**{model}**", "", markdown(_with_made_column(shown, table)), ""]
     return "\n".join(parts)
 
 
@@ -322,7 +345,13 @@ def recovery_markdown(table: pd.DataFrame) -> str:
             lambda v: _ci(v, 3).replace("+", "")),
         "margin": table["margin"].map(lambda v: f"{v:g}"),
         "recovers the light level's accuracy at fewer bits?": table["answer"]})
-    return markdown(shown)
+    return markdown(_with_made_column(shown, table))
+
+
+def _with_made_column(shown: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """``shown`` with a ``made`` column (commits on machines) where ``table``'s rows were made
+    by more than one (rows kept from an earlier report)."""
+    return shown.assign(made=table["made"]) if table["made"].nunique() > 1 else shown
 
 
 # ---- the figure ----------------------------------------------------------------------------------
@@ -368,18 +397,108 @@ def pareto(table: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+# ---- an earlier report's rows ---------------------------------------------------------------
+TRIPLES = ("accordion_minus_light", "heavy_minus_light", "bits_ratio")  # recovery.csv's intervals
+MADE = re.compile(r"\d+ runs, on (.+?); commit (.+?)\.(?: |$)")  # analysis.claims.made_by's
+
+
+class Earlier(NamedTuple):
+    """What ``--keep DIR`` takes from the report in DIR: its rows for the methods (leaderboard)
+    and compressors (recovery) these runs lack, and its rows of the methods both hold."""
+
+    folder: Path
+    board: pd.DataFrame
+    answers: pd.DataFrame
+    both: pd.DataFrame
+
+
+def earlier(folder: Path, board: pd.DataFrame) -> Earlier:
+    """The rows of the report in ``folder`` (its leaderboard.csv and recovery.csv) that these
+    runs lack: the methods ``board`` has no row of, the answers for the compressors it has no
+    method of (an answer pairs a compressor's runs; it never mixes the two reports'); each
+    names what made it (``made``: from its own column, or for a report older than that column,
+    from its heading)."""
+    for name in ("leaderboard.csv", "recovery.csv", "leaderboard.md"):
+        if not (folder / name).is_file():
+            raise ValueError(f"--keep: {folder} holds no {name}; it takes the folder of an "
+                             "earlier `python -m analysis.zoo report`")
+    old = _with_made(pd.read_csv(folder / "leaderboard.csv"), folder)
+    old_answers = _with_made(pd.read_csv(folder / "recovery.csv",
+                                         converters=dict.fromkeys(TRIPLES, _triple)), folder)
+    methods = set(zip(board["model"], board["method"], strict=True))
+    shared = [key in methods for key in zip(old["model"], old["method"], strict=True)]
+    run = set(zip(board["model"], board["compressor"], strict=True))  # any of its methods
+    answered = [key in run
+                for key in zip(old_answers["model"], old_answers["compressor"], strict=True)]
+    return Earlier(folder, old[[not s for s in shared]].drop(columns="rank"),
+                   old_answers[[not a for a in answered]], old[shared])
+
+
+def _with_made(table: pd.DataFrame, folder: Path) -> pd.DataFrame:
+    """``table`` with its ``made`` column; a report older than that column says it once, in
+    its heading (``N runs, on <fingerprint>: <machine>; commit <commits>.``)."""
+    if "made" in table:
+        return table
+    match = MADE.search((folder / "leaderboard.md").read_text().split("\n")[0])
+    if match is None:
+        raise ValueError(f"--keep: {folder}/leaderboard.csv has no `made` column and its "
+                         "heading does not say which commit and machine made it")
+    fingerprints = re.findall(r"\b([0-9a-f]{12}):", match[1]) or [match[1]]
+    return table.assign(made=f"{match[2]} on {', '.join(fingerprints)}")
+
+
+def _triple(text: str) -> tuple[float, float, float]:
+    """A recovery.csv interval, ``(mean, low, high)`` as written (``nan`` included)."""
+    mean, low, high = (float(x) for x in text.strip("()").split(","))
+    return mean, low, high
+
+
+def with_earlier(board: pd.DataFrame, answers: pd.DataFrame, kept: Earlier
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """These runs' rows and the kept ones, ranked together."""
+    board = ranked(pd.concat([board, kept.board], ignore_index=True))
+    answers = pd.concat([answers, kept.answers], ignore_index=True)
+    return board, answers.sort_values(["model", "compressor"], ignore_index=True)
+
+
+def kept_text(board: pd.DataFrame, kept: Earlier) -> str:
+    """The heading's sentences on the kept rows, and on the methods both reports hold: these
+    runs' final beside the earlier one (equal where only the commit or the session differs and
+    the numerics are portable)."""
+    names = "; ".join(f"{model}: {', '.join(rows['method'])}"
+                      for model, rows in kept.board.groupby("model"))
+    text = (f" Kept from the earlier report in {kept.folder} (`--keep`), for the methods these "
+            f"runs lack: {len(kept.board)} methods' rows ({int(kept.board['seeds'].sum())} runs, "
+            f"made by {', '.join(sorted(set(kept.board['made'])))}): {names}.")
+    if len(kept.both):
+        now = board.set_index(["model", "method"])["final"]
+        pairs = [f"{row.model} {row.method} {now[(row.model, row.method)]:.4f} "
+                 f"(earlier {row.final:.4f}"
+                 f"{', equal' if now[(row.model, row.method)] == row.final else ''})"
+                 for row in kept.both.itertuples()]
+        text += (" The methods both hold, these runs' final mean (the earlier report's, made "
+                 f"by {', '.join(sorted(set(kept.both['made'])))}): {'; '.join(pairs)}.")
+    return text
+
+
 # ---- the command line ----------------------------------------------------------------------
-def report(runs: Path, scale: str | None, out: Path) -> list[Path]:
-    """Write the leaderboard, the recovery answers and the Pareto figure; returns the files."""
+def report(runs: Path, scale: str | None, out: Path, keep: Path | None = None) -> list[Path]:
+    """Write the leaderboard, the recovery answers and the Pareto figure; returns the files.
+    ``keep``: the folder of an earlier report whose rows for the methods these runs lack are
+    kept (a sweep finished in another session, whose run records are gone)."""
     frames = load_sweep(runs, "zoo", scale, keep=("completed", "diverged"))  # a divergence ranks
     if frames.runs.empty:
         raise SystemExit(f"error: no zoo runs (sweep=zoo, scale={scale}) below {runs}")
     numbers = run_numbers(frames)
     board, answers = leaderboard(numbers), recovery(numbers)
+    kept = None
+    if keep is not None:
+        kept = earlier(keep, board)   # read before out (maybe the same folder) is written
+        board, answers = with_earlier(board, answers, kept)
     out.mkdir(parents=True, exist_ok=True)
     board.to_csv(out / "leaderboard.csv", index=False)
     answers.to_csv(out / "recovery.csv", index=False)
-    head = heading(numbers, frames, runs, scale)
+    head = heading(numbers, frames, runs, scale, board, kept)
     (out / "leaderboard.md").write_text(head + leaderboard_markdown(board))
     (out / "recovery.md").write_text(
         head + "Differences in the metric's better direction (accuracy points; perplexity "
@@ -392,18 +511,25 @@ def report(runs: Path, scale: str | None, out: Path) -> list[Path]:
                               "recovery.csv", "pareto.png")]
 
 
-def heading(numbers: pd.DataFrame, frames: Any, runs: Path, scale: str | None) -> str:
+def heading(numbers: pd.DataFrame, frames: Any, runs: Path, scale: str | None,
+            board: pd.DataFrame, kept: Earlier | None = None) -> str:
     """What the tables are of: the command, the runs present of those planned, their machines
-    and commits, the failed runs and the planned runs not yet run."""
+    and commits, the rows kept from an earlier report, the failed runs and the planned runs not
+    yet run."""
     planned = len(groups()) * len(SEEDS)
-    text = (f"The zoo at scale {scale}: `python -m analysis.zoo report {runs} --scale {scale}` "
-            f"over the runs of `make reproduce-zoo`, {len(numbers)} of its {planned} runs "
+    command = f"python -m analysis.zoo report {runs} --scale {scale}" + (
+        f" --keep {kept.folder}" if kept else "")
+    text = (f"The zoo at scale {scale}: `{command}` over the runs of `make reproduce-zoo`, "
+            f"{len(numbers)} of its {planned} runs "
             f"(seeds {', '.join(map(str, sorted(numbers['seed'].unique())))}): "
             f"{made_by(frames.runs)} Mean ± std over seeds; time over the link modelled as "
             "analysis/zoo.py describes.")
+    if kept is not None:
+        text += kept_text(board, kept)
     if len(frames.problems):
         text += f" {len(frames.problems)} run(s) failed or unfinished: see their run records."
-    missing = not_run(numbers)
+    missing = not_run(numbers, set() if kept is None else
+                      set(zip(kept.board["model"], kept.board["method"], strict=True)))
     if missing:
         text += " Not run yet: " + "; ".join(
             f"{model}: {', '.join(names)}" for model, names in missing.items()) + "."
@@ -419,12 +545,20 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("runs", nargs="?", type=Path, default=Path("results/runs"))
     rep.add_argument("--scale", default="tiny")
     rep.add_argument("--out", type=Path, default=Path("results/zoo"))
+    rep.add_argument("--keep", type=Path, metavar="DIR",
+                     help="keep the rows of the earlier report in DIR for the methods these runs "
+                          "lack (its run records gone); the heading says what made each part")
     args = parser.parse_args(argv)
     if args.command == "sweep":
         SWEEP.write_text(sweep_text())
         print(f"wrote {SWEEP.relative_to(ROOT)}: {len(groups())} run groups x 3 seeds")
         return 0
-    for path in report(args.runs, args.scale, args.out):
+    try:
+        paths = report(args.runs, args.scale, args.out, args.keep)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 

@@ -85,10 +85,15 @@ def accuracies(final: float) -> list[float]:
     return [40 + (final - 40) * e / (EPOCHS - 1) for e in range(EPOCHS)]
 
 
-def write_records(root: Path, seeds: tuple[int, ...] = (0, 1, 2)) -> None:
-    """Run records as run.py leaves them (.hydra/config.yaml, metrics.jsonl, summary.json)."""
-    configs = zoo_runs("seed=0", "benchmark=cifar10", "compressor=none,qsgd,terngrad",
-                       "method=zoo_fixed,zoo_light,zoo_heavy,zoo_accordion")
+def write_records(root: Path, seeds: tuple[int, ...] = (0, 1, 2),
+                  compressors: str = "none,qsgd,terngrad",
+                  final: dict[str, tuple[float, ...]] = FINAL,
+                  provenance: dict | None = None,
+                  methods: str = "zoo_fixed,zoo_light,zoo_heavy,zoo_accordion") -> None:
+    """Run records as run.py leaves them (.hydra/config.yaml, metrics.jsonl, summary.json);
+    ``provenance``: the summary's (machine and commit), none by default."""
+    configs = zoo_runs("seed=0", "benchmark=cifar10", f"compressor={compressors}",
+                       f"method={methods}")
     for base in configs:
         method = str(base.method)
         for seed in seeds:
@@ -102,16 +107,22 @@ def write_records(root: Path, seeds: tuple[int, ...] = (0, 1, 2)) -> None:
             rows = [{"epoch": e, "test/accuracy": acc, "comm/bits": BITS[method],
                      "comm/wire_bits": 2 * BITS[method] if method != "none" else DENSE,
                      "comm/bits_dense": DENSE, "time/epoch_s": EPOCH_S[method], "lr": 0.1}
-                    for e, acc in enumerate(accuracies(FINAL[method][seed]))]
+                    for e, acc in enumerate(accuracies(final[method][seed]))]
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             summary = record.summarize(rows, "completed", "test/accuracy", 1.0)
+            if provenance:
+                summary["provenance"] = provenance
             (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+EARLIER_MACHINE = {"fingerprint": "0e0df49c5009", "machine": "an earlier machine",
+                   "git": {"commit": "d0ec50ad10b9" * 3, "dirty": False}}
 
 
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("zoo")
-    write_records(root / "runs")
+    write_records(root / "runs", provenance=EARLIER_MACHINE)
     zoo.main(["report", str(root / "runs"), "--scale", "tiny", "--out", str(root / "out")])
     return root / "out"
 
@@ -228,3 +239,92 @@ def test_without_the_none_run_the_link_s_times_are_not_available_rather_than_nev
     row = next(line for line in (tmp_path / "out" / "leaderboard.md").read_text().splitlines()
                if "| qsgd-light |" in line)
     assert row.count(zoo.NO_COMPUTE) == 2 and "never" not in row
+
+
+# ---- --keep: finishing a sweep whose earlier records are gone ----------------------------------
+NEW_MACHINE = {"fingerprint": "0123456789ab", "machine": "a test machine",
+               "git": {"commit": "feedc0de" * 5, "dirty": False}}
+
+
+def report_with_earlier(tmp_path: Path, earlier: Path, final: dict = FINAL) -> Path:
+    """The none and QSGD runs again (on NEW_MACHINE), reported with ``--keep earlier``."""
+    write_records(tmp_path / "runs", compressors="none,qsgd", final=final,
+                  provenance=NEW_MACHINE)
+    out = tmp_path / "out"
+    assert zoo.main(["report", str(tmp_path / "runs"), "--scale", "tiny", "--out", str(out),
+                     "--keep", str(earlier)]) == 0
+    return out
+
+
+def legacy_copy(reported: Path, to: Path) -> Path:
+    """The report as one made before the ``made`` column (its heading alone says it)."""
+    to.mkdir()
+    for name in ("leaderboard.csv", "recovery.csv"):
+        pd.read_csv(reported / name).drop(columns="made").to_csv(to / name, index=False)
+    (to / "leaderboard.md").write_text((reported / "leaderboard.md").read_text())
+    return to
+
+
+def test_keep_ranks_the_earlier_report_s_rows_the_runs_lack_with_theirs(reported: Path,
+                                                                         tmp_path: Path) -> None:
+    earlier = legacy_copy(reported, tmp_path / "earlier")
+    final = {**FINAL, "qsgd-light": tuple(v + 1 for v in FINAL["qsgd-light"])}
+    out = report_with_earlier(tmp_path, earlier, final)
+    board = pd.read_csv(out / "leaderboard.csv").set_index("method")
+    means = {m: sum(v) / 3 for m, v in final.items()}
+    assert board.index.tolist() == sorted(means, key=means.get, reverse=True)
+    assert board["rank"].tolist() == list(range(1, 8))
+    now, then = "feedc0defeed on 0123456789ab", "d0ec50ad10b9 on 0e0df49c5009"
+    assert board["made"].to_dict() == {m: then if m.startswith("terngrad") else now
+                                       for m in final}
+    old = pd.read_csv(reported / "leaderboard.csv").set_index("method")
+    kept = ["terngrad-light", "terngrad-heavy", "terngrad-accordion"]
+    pd.testing.assert_frame_equal(board.loc[kept, old.columns.drop(["made", "rank"])],
+                                  old.loc[kept, old.columns.drop(["made", "rank"])])
+    answers = pd.read_csv(out / "recovery.csv").set_index("compressor")
+    before = pd.read_csv(reported / "recovery.csv").set_index("compressor")
+    assert answers.loc["terngrad", "accordion_minus_light"] == before.loc[
+        "terngrad", "accordion_minus_light"]
+    assert answers.loc["terngrad", "made"] == then and answers.loc["qsgd", "made"] == now
+    head, table = (out / "leaderboard.md").read_text().split("\n\n")[:2]
+    assert "--keep " + str(earlier) in head
+    assert ("for the methods these runs lack: 3 methods' rows (9 runs, made by d0ec50ad10b9 "
+            "on 0e0df49c5009): resnet18: ") in head
+    assert "resnet18 none 90.0000 (earlier 90.0000, equal)" in head
+    assert "resnet18 qsgd-light 89.0000 (earlier 88.0000)" in head
+    assert "terngrad" not in head.split("Not run yet: ")[1].split("; lstm")[0]
+    assert "| made |" in (out / "leaderboard.md").read_text()
+    assert "| made |" in (out / "recovery.md").read_text()
+
+
+def test_keep_a_report_made_with_the_made_column_keeps_its_own(reported: Path,
+                                                                tmp_path: Path) -> None:
+    out = report_with_earlier(tmp_path, reported)
+    board = pd.read_csv(out / "leaderboard.csv").set_index("method")
+    assert board.loc["terngrad-light", "made"] == "d0ec50ad10b9 on 0e0df49c5009"
+    assert (reported / "leaderboard.csv").is_file()  # the earlier report is only read
+
+
+def test_keep_refuses_what_is_not_an_earlier_report(reported: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    write_records(tmp_path / "runs", compressors="none")
+    argv = ["report", str(tmp_path / "runs"), "--scale", "tiny", "--out", str(tmp_path / "o")]
+    assert zoo.main([*argv, "--keep", str(tmp_path / "nowhere")]) == 2
+    assert "--keep: " in capsys.readouterr().err
+    earlier = legacy_copy(reported, tmp_path / "earlier")
+    (earlier / "leaderboard.md").write_text("a heading that names no machine\n")
+    assert zoo.main([*argv, "--keep", str(earlier)]) == 2
+    assert "does not say which commit and machine made it" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_keep_never_pairs_an_answer_across_the_two_reports(reported: Path,
+                                                           tmp_path: Path) -> None:
+    write_records(tmp_path / "runs", compressors="terngrad", methods="zoo_light")
+    out = tmp_path / "out"
+    zoo.main(["report", str(tmp_path / "runs"), "--scale", "tiny", "--out", str(out),
+              "--keep", str(reported)])
+    board = pd.read_csv(out / "leaderboard.csv").set_index("method")
+    assert board.loc["terngrad-light", "made"] == "unknown on unknown"       # these runs'
+    assert board.loc["terngrad-accordion", "made"] == "d0ec50ad10b9 on 0e0df49c5009"
+    assert pd.read_csv(out / "recovery.csv")["compressor"].tolist() == ["qsgd"]
