@@ -170,6 +170,31 @@ def test_kernel_is_exact_when_the_sample_is_off(off: str, ratio: float,
     assert torch.equal(message, message_e) and torch.equal(bits_of(error), bits_of(error_e))
 
 
+@pytest.mark.parametrize("ratio", [0.5, 0.25, 0.02])
+def test_kernel_keeps_the_first_ties_at_t_on_the_sampled_path(
+        ratio: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A few entries tied with the k-th largest |acc|, on both sides of the cut, and no other
+    # ties: the sample brackets T and the candidates decide which ties are kept (the first).
+    n = topk_kernel.SAMPLED_MIN + 1000
+    grad = torch.randn(n, generator=torch.Generator().manual_seed(6))
+    k = max(1, math.floor(ratio * n))
+    order = grad.abs().argsort(descending=True)
+    tied = order[k - 12:k + 9]
+    grad[tied] = grad[order[k - 1]].abs() * torch.where(tied % 2 == 0, 1.0, -1.0)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        compressor, layer = TopK(ratio), Layer("layer", torch.Size([n // 8, 8]), ratio)
+        message = torch.empty(2 * k, dtype=torch.int32)
+        compressor.compress(layer, grad.clone(), message)
+        return message, layer.memory["error"]
+
+    message, error = run()
+    assert torch.equal(message[k:], ref_kept(grad, k))
+    eager_topk(monkeypatch)
+    message_e, error_e = run()
+    assert torch.equal(message, message_e) and torch.equal(bits_of(error), bits_of(error_e))
+
+
 def test_buffers_are_per_worker_and_bucket() -> None:
     # Two buckets in flight at once (the second compressed before the first one's gather is
     # read, as when the hook's buckets overlap) must not share the message or gather buffers.
