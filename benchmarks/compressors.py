@@ -736,6 +736,7 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
                             f"{b['compute_ms'] / t['compute_ms']:.2f}x", _cells(t)["x_peer"],
                             t["goal"], t["met"], _cells(t)["floor_x_clone"],
                             _cells(t)["x_floor"]] for b, t in pairs]), ""]
+        lines += _others(tables)
     lines += ["`ms / step`: the hook's whole path, collectives included. `compress + decompress "
               "ms`: our compressor's own work (what `time/compress_s` counts). `x clone` / "
               "`x copy`: that work (for peers, their whole step) over one memory pass, `clone` "
@@ -749,6 +750,20 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
                       [list(_cells(row).values()) for row in this + ddp_part])]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _others(tables: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The side-by-side lines of every other method both sides time (ours without a goal: the
+    zoo's, where the baseline has them): its work on both sides, and the speed-up."""
+    pairs = [(tables["baseline"][key], t) for key, t in tables["this"].items()
+             if not t["goal"] and t["compute_ms"] != "" and key in tables["baseline"]]
+    if not pairs:
+        return []
+    return ["**Every other method both sides time**: the compressor's own work (compress + "
+            "decompress), baseline and this side in the same run.", "",
+            *_table(["method", "level", "baseline ms", "this ms", "speed-up"],
+                    [[b["method"], b["level"], _cells(b)["compute_ms"], _cells(t)["compute_ms"],
+                      f"{b['compute_ms'] / t['compute_ms']:.2f}x"] for b, t in pairs]), ""]
 
 
 def _size(width: int) -> str:

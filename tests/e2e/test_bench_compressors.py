@@ -83,6 +83,8 @@ def test_a_baseline_run_writes_both_sides_and_the_goals(tmp_path) -> None:
     assert "width 8: a check only" in text and "load average (1 min) at the repeats" in text
     assert re.search(r"Machine and code \(this side\): .+ \(fingerprint [0-9a-f]{12}\), "
                      r"commit [0-9a-f]{10}", text)
+    others = text.split("**Every other method both sides time**")[1].split("\n\n")[1]
+    assert "| ours none | - |" in others and "ours powersgd" not in others  # no goal: here
     goals = text.split("**Issue 27's goals**")[1].split("\n\n")[1].splitlines()[2:]
     assert len(goals) == len(GOALS)
     for row in goals:  # met, then the floor in clone passes and the work over it
