@@ -26,7 +26,8 @@ void sign_vote(float *out, int64_t n, int64_t world, const uint8_t *parts, int64
         const int64_t first = 8 * byte, len = n - first < 8 ? n - first : 8;
         for (int64_t l = 0; l < len; ++l) {
             const int64_t votes = world - 2 * (int64_t)negative[l];      /* V */
-            out[first + l] = votes > 0 ? 1.0f : votes < 0 ? -1.0f : 0.0f;  /* sign(V) */
+            out[first + l] = (float)((votes > 0) - (votes < 0));  /* sign(V), +0 on a tie; */
+            /* without a branch: the signs are random, a branch is mispredicted half the time */
         }
     }
 }
