@@ -293,6 +293,11 @@ def test_keep_ranks_the_earlier_report_s_rows_the_runs_lack_with_theirs(reported
     assert "resnet18 none 90.0000 (earlier 90.0000, equal)" in head
     assert "resnet18 qsgd-light 89.0000 (earlier 88.0000)" in head
     assert "terngrad" not in head.split("Not run yet: ")[1].split("; lstm")[0]
+    earlier_seeds = pd.read_csv(earlier / "leaderboard.csv").assign(
+        seeds=lambda t: t["seeds"].where(t["method"] != "qsgd-heavy", 2))
+    earlier_seeds.to_csv(earlier / "leaderboard.csv", index=False)
+    assert "qsgd-heavy 80.0000 over 3 seeds (earlier 80.0000 over 2)" in (
+        report_with_earlier(tmp_path / "again", earlier, final) / "leaderboard.md").read_text()
     assert "| made |" in (out / "leaderboard.md").read_text()
     assert "| made |" in (out / "recovery.md").read_text()
 
