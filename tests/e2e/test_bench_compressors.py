@@ -84,7 +84,7 @@ def test_a_baseline_run_writes_both_sides_and_the_goals(tmp_path) -> None:
     assert re.search(r"Machine and code \(this side\): .+ \(fingerprint [0-9a-f]{12}\), "
                      r"commit [0-9a-f]{10}", text)
     others = text.split("**Every other method both sides time**")[1].split("\n\n")[1]
-    assert "| ours none | - |" in others and "ours powersgd" not in others  # no goal: here
+    assert "| ours none (fp32 all-reduce) | - |" in others and "ours powersgd" not in others
     goals = text.split("**Issue 27's goals**")[1].split("\n\n")[1].splitlines()[2:]
     assert len(goals) == len(GOALS)
     for row in goals:  # met, then the floor in clone passes and the work over it
