@@ -144,18 +144,11 @@ def sampled_places(n: int) -> list[int]:
     return places
 
 
-@pytest.mark.parametrize("off", ["high", "low"])
-@pytest.mark.parametrize("ratio", [0.25, 0.02])
-def test_kernel_is_exact_when_the_sample_is_off(off: str, ratio: float,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # The sampled places hold the layer's largest (or smallest) magnitudes: the sample's bracket
-    # misses T, and the histogram of every entry must take over.
-    n = topk_kernel.SAMPLED_MIN + 1024
-    grad = torch.randn(n, generator=torch.Generator().manual_seed(5))
-    places = torch.tensor(sampled_places(n))
-    grad[places] = 1e3 + torch.arange(len(places), dtype=torch.float32) if off == "high" \
-        else 1e-30 * torch.ones(len(places))
-    k = max(1, math.floor(ratio * n))
+def assert_one_step_is_the_rule_and_the_eager_path(grad: torch.Tensor, ratio: float,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """One step of Top-K ``ratio`` on the 1-D ``grad`` (a fresh layer, e = 0): the kernel keeps
+    the rule's entries, and its message and error memory are bitwise the eager path's."""
+    n, k = grad.numel(), max(1, math.floor(ratio * grad.numel()))
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
         compressor, layer = TopK(ratio), Layer("layer", torch.Size([n // 8, 8]), ratio)
@@ -168,6 +161,21 @@ def test_kernel_is_exact_when_the_sample_is_off(off: str, ratio: float,
     eager_topk(monkeypatch)
     message_e, error_e = run()
     assert torch.equal(message, message_e) and torch.equal(bits_of(error), bits_of(error_e))
+
+
+@pytest.mark.parametrize("off", ["high", "low"])
+@pytest.mark.parametrize("ratio", [0.25, 0.02])
+def test_kernel_is_exact_when_the_sample_is_off(off: str, ratio: float,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sampled places hold the layer's largest (or smallest) magnitudes: the sample's bracket
+    # misses T, and the histogram of every entry must take over.
+    n = topk_kernel.SAMPLED_MIN + 1024
+    grad = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    places = torch.tensor(sampled_places(n))
+    grad[places] = 1e3 + torch.arange(len(places), dtype=torch.float32) if off == "high" \
+        else 1e-30 * torch.ones(len(places))
+
+    assert_one_step_is_the_rule_and_the_eager_path(grad, ratio, monkeypatch)
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.25, 0.02])
@@ -182,17 +190,7 @@ def test_kernel_keeps_the_first_ties_at_t_on_the_sampled_path(
     tied = order[k - 12:k + 9]
     grad[tied] = grad[order[k - 1]].abs() * torch.where(tied % 2 == 0, 1.0, -1.0)
 
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
-        compressor, layer = TopK(ratio), Layer("layer", torch.Size([n // 8, 8]), ratio)
-        message = torch.empty(2 * k, dtype=torch.int32)
-        compressor.compress(layer, grad.clone(), message)
-        return message, layer.memory["error"]
-
-    message, error = run()
-    assert torch.equal(message[k:], ref_kept(grad, k))
-    eager_topk(monkeypatch)
-    message_e, error_e = run()
-    assert torch.equal(message, message_e) and torch.equal(bits_of(error), bits_of(error_e))
+    assert_one_step_is_the_rule_and_the_eager_path(grad, ratio, monkeypatch)
 
 
 def test_buffers_are_per_worker_and_bucket() -> None:
