@@ -49,6 +49,10 @@ CLAIMS := residues fig2b overlap batch
 # (launcher=simulated):
 SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
+# How make claim-<name> ($(1)) runs its sweep: 2 CPU ranks, or the simulated learners the sweep
+# itself sets (make plan SWEEP=claim_<name> plans the same runs).
+CLAIM_SWEEP = $(PY) run.py -m sweep=claim_$(1) $(if $(filter $(SIM_CLAIMS),$(1)),,scale=tiny \
+	launcher=local hydra.launcher.nproc_per_node=2) runs_root=$(RUNS) $(if $(SEEDS),seed=$(SEEDS))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
 	bench-e2e bench-kernels bench-numerics bench-portable-step bench-test-time bench-tiny-profile bench-tiny-speed bench-tta plan plan-all dashboard reproduce-all reproduce-auto reproduce-zoo \
@@ -94,17 +98,14 @@ reproduce-zoo: $(VENV_STAMP) ## the zoo (conf/sweep/zoo.yaml: every compressor l
 zoo-sweep: $(VENV_STAMP) ## rewrite conf/sweep/zoo.yaml from the compressor registry (after adding a compressor)
 	$(PY) -m analysis.zoo sweep
 
-$(addprefix claim-,$(CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml, tiny, 2 ranks), then its figure -> results/claims/%/
-	@$(PY) run.py -m sweep=claim_$* scale=tiny launcher=local hydra.launcher.nproc_per_node=2 \
-		runs_root=$(RUNS) $(ONLY); $(call AFTER_SWEEP,$(call CLAIM,$*))
+$(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## claim % (conf/sweep/claim_%.yaml at tiny scale: 2 CPU ranks, or for learners and minibatch simulated learners), then its figure and table -> results/claims/%/ [SEEDS=0,1,2]
+	@$(call CLAIM_SWEEP,$*) $(ONLY); $(call AFTER_SWEEP,$(call CLAIM,$*))
 
 claims: $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS)) ## every claim sweep, one after another
 
-$(addprefix claim-,$(SIM_CLAIMS)): claim-%: $(VENV_STAMP) ## AdaComp claim % on simulated learners (conf/sweep/claim_%.yaml), then its figure and table -> results/claims/%/
-	@$(PY) run.py -m sweep=claim_$* runs_root=$(RUNS) $(ONLY); $(call AFTER_SWEEP,$(call CLAIM,$*))
-
-plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` would run (runs, complete ones, compute) [SHOW=config|diff: each run's resolved config, or its diff against the defaults]
-	@$(RUN_SWEEP) sweep=$(SWEEP) $(ONLY) hydra.sweeper.dry_run=true $(if $(SHOW),hydra.sweeper.show=$(SHOW))
+plan: $(VENV_STAMP) ## what `make reproduce-$(SWEEP)` (or for SWEEP=claim_<name>, make claim-<name>) would run (runs, complete ones, compute) [SHOW=config|diff: each run's resolved config, or its diff against the defaults]
+	@$(if $(filter claim_%,$(SWEEP)),$(call CLAIM_SWEEP,$(SWEEP:claim_%=%)),$(RUN_SWEEP) \
+		sweep=$(SWEEP)) $(ONLY) hydra.sweeper.dry_run=true $(if $(SHOW),hydra.sweeper.show=$(SHOW))
 
 plan-all: $(VENV_STAMP) ## every sweep's plan in one table: runs, complete, and the time of the rest and of the whole suite at this machine's measured rates (tiny) [SCALE=tiny] [SEEDS=0,1,2] -> results/plan_$(SCALE).md
 	$(PY) -m analysis.suite_plan --scale $(SCALE) --runs $(RUNS) $(if $(SEEDS),--seeds $(SEEDS)) \

@@ -133,6 +133,21 @@ def test_make_plan_passes_show():
                                                     "hydra.sweeper.show=diff")
 
 
+def test_make_plan_of_a_claim_plans_what_its_target_runs(tmp_path):
+    """``make plan SWEEP=claim_<name>`` launches as ``make claim-<name>`` does: SCALE=tiny's
+    2 simulated learners are not laid over the claim's own launch (claim_learners sweeps 1 to
+    128 learners in one process; claim_overlap runs on 2 CPU ranks)."""
+    proc = run_make("plan", "SWEEP=claim_learners", "SCALE=tiny", f"RUNS={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("sweep claim_learners (tiny scale): 18 runs: 0 complete")
+    assert "(12 min on 1 core;" in proc.stdout.splitlines()[1]
+    proc = run_make("plan", "SWEEP=claim_overlap", "SCALE=tiny", f"RUNS={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("sweep claim_overlap (tiny scale): 2 runs: 0 complete")
+    assert "on 2 cores;" in proc.stdout.splitlines()[1]
+    assert not list(tmp_path.iterdir())
+
+
 def test_sweep_dump_writes_every_scale(tmp_path):
     sweep_configs.main([str(tmp_path), "--sweeps", "claim_overlap"])
     paths = sorted(p.name for p in tmp_path.iterdir())
