@@ -50,9 +50,11 @@ CLAIMS := residues fig2b overlap batch
 SIM_CLAIMS := learners minibatch
 CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),results/claims/$(1))
 # How make claim-<name> ($(1)) runs its sweep: 2 CPU ranks, or the simulated learners the sweep
-# itself sets (make plan SWEEP=claim_<name> plans the same runs).
-CLAIM_SWEEP = $(PY) run.py -m sweep=claim_$(1) $(if $(filter $(SIM_CLAIMS),$(1)),,scale=tiny \
-	launcher=local hydra.launcher.nproc_per_node=2) runs_root=$(RUNS) $(if $(SEEDS),seed=$(SEEDS))
+# itself sets, two runs at a time (one thread each: the same bits as one at a time); make plan
+# SWEEP=claim_<name> plans the same runs.
+CLAIM_SWEEP = $(PY) run.py -m sweep=claim_$(1) $(if $(filter $(SIM_CLAIMS),$(1)), \
+	hydra.launcher.parallel=2,scale=tiny launcher=local hydra.launcher.nproc_per_node=2) \
+	runs_root=$(RUNS) $(if $(SEEDS),seed=$(SEEDS))
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
 	bench-e2e bench-kernels bench-numerics bench-portable-step bench-test-time bench-tiny-profile bench-tiny-speed bench-tta plan plan-all dashboard reproduce-all reproduce-auto reproduce-zoo \

@@ -140,7 +140,7 @@ def test_make_plan_of_a_claim_plans_what_its_target_runs(tmp_path):
     proc = run_make("plan", "SWEEP=claim_learners", "SCALE=tiny", f"RUNS={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("sweep claim_learners (tiny scale): 18 runs: 0 complete")
-    assert "(12 min on 1 core;" in proc.stdout.splitlines()[1]
+    assert "(6 min on 2 cores;" in proc.stdout.splitlines()[1]  # two runs at a time
     proc = run_make("plan", "SWEEP=claim_overlap", "SCALE=tiny", f"RUNS={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("sweep claim_overlap (tiny scale): 2 runs: 0 complete")
