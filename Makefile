@@ -26,8 +26,9 @@ WORKERS_KEY = $(if $(filter local,$(LAUNCHER)),hydra.launcher.nproc_per_node,$(i
 	$(filter simulated,$(LAUNCHER)),trainer.workers,hydra.launcher.tasks_per_node))
 LAUNCH_ARGS = launcher=$(LAUNCHER) $(WORKERS_KEY)=$(WORKERS) \
 	$(if $(filter local simulated,$(LAUNCHER)),hydra.launcher.parallel=$(PARALLEL))
+SEED_ARG = $(if $(SEEDS),seed=$(SEEDS))
 RUN_SWEEP = $(if $(DATA_ROOT),DATA_ROOT=$(DATA_ROOT) )$(PY) run.py -m scale=$(SCALE) \
-	$(LAUNCH_ARGS) runs_root=$(RUNS) $(if $(SEEDS),seed=$(SEEDS))
+	$(LAUNCH_ARGS) runs_root=$(RUNS) $(SEED_ARG)
 # The tables and figures of a sweep's runs (analysis/report.py) -> results/<sweep>/ (or OUT=dir)
 REPORT = $(PY) -m analysis.report $(RUNS) --sweep $(1) --scale $(SCALE) $(if $(OUT),--out $(OUT))
 # After a sweep: its analysis ($(1)), unless the sweep refused its input before starting anything
@@ -54,7 +55,7 @@ CLAIM = $(PY) -m analysis.claims $(1) $(RUNS) --scale tiny --out $(or $(OUT),res
 # SWEEP=claim_<name> plans the same runs.
 CLAIM_SWEEP = $(PY) run.py -m sweep=claim_$(1) $(if $(filter $(SIM_CLAIMS),$(1)), \
 	hydra.launcher.parallel=2,scale=tiny launcher=local hydra.launcher.nproc_per_node=2) \
-	runs_root=$(RUNS) $(if $(SEEDS),seed=$(SEEDS))
+	runs_root=$(RUNS) $(SEED_ARG)
 
 .PHONY: install demo test test-fast lint clean stress mutate report scorecard bench-compressors \
 	bench-e2e bench-kernels bench-numerics bench-portable-step bench-test-time bench-tiny-profile bench-tiny-speed bench-tta plan plan-all dashboard reproduce-all reproduce-auto reproduce-zoo \

@@ -481,12 +481,12 @@ def kept_text(board: pd.DataFrame, kept: Earlier) -> str:
 
 def _both_text(earlier_row: Any, now: pd.Series) -> str:
     """``resnet18 none 97.7333 (earlier 97.7333, equal)``; the seeds where they differ."""
-    if now["seeds"] == earlier_row.seeds:
-        same = ", equal" if now["final"] == earlier_row.final else ""
-        return (f"{earlier_row.model} {earlier_row.method} {now['final']:.4f} (earlier "
-                f"{earlier_row.final:.4f}{same})")
-    return (f"{earlier_row.model} {earlier_row.method} {now['final']:.4f} over {now['seeds']} "
-            f"seeds (earlier {earlier_row.final:.4f} over {earlier_row.seeds})")
+    head = f"{earlier_row.model} {earlier_row.method} {now['final']:.4f}"
+    if now["seeds"] != earlier_row.seeds:
+        return f"{head} over {now['seeds']} seeds (earlier {earlier_row.final:.4f} over " \
+               f"{earlier_row.seeds})"
+    same = ", equal" if now["final"] == earlier_row.final else ""
+    return f"{head} (earlier {earlier_row.final:.4f}{same})"
 
 
 # ---- the command line ----------------------------------------------------------------------
