@@ -6,7 +6,9 @@ A group's runs are the cross product of its lists; the sweep is the union of its
 crossed with ``hydra.sweeper.params`` (like Hydra's basic sweeper). On the command line,
 
 - a key that some group sets keeps only the matching runs (``model=resnet18``,
-  ``method=rank2,rank1``): a filter, so a sweep can be run in part;
+  ``method=rank2,rank1``): a filter, so a sweep can be run in part; a group key that the default
+  config lacks (``compressor.conv_bin_size``) needs Hydra's ``+`` on the command line, which
+  the filter ignores (``+compressor.conv_bin_size=5000``);
 - any other key applies to every run (``seed=0``, ``trainer.epochs=5``; it replaces the same key
   of ``params``);
 - a group's ``scales: [paper]`` runs it at those scales only (``scale`` from the sweep's config).
@@ -84,12 +86,11 @@ def expand(groups: Iterable[dict[str, Any]], params: dict[str, Any], arguments: 
     for arg in arguments:
         key_part, value = arg.split("=", 1)
         key = key_part.lstrip("+~")
-        values = _values(key, value, parser, prefix=key_part[: len(key_part) - len(key)])
-        if key in group_keys:
-            filters[key] = set(values)
+        if key in group_keys:  # matched against the group's own key=value: no +/~ prefix
+            filters[key] = set(_values(key, value, parser))
         else:
             axes.pop(key, None)  # the command line replaces a param; new keys go last
-            axes[key] = values
+            axes[key] = _values(key, value, parser, prefix=key_part[: len(key_part) - len(key)])
     jobs: list[list[str]] = []
     for group in groups:
         if "scales" in group and scale not in list(group["scales"]):

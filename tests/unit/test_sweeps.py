@@ -333,6 +333,14 @@ def test_command_line_filters_group_keys_and_sets_the_rest():
         sweeps.expand(GROUPS, {}, ["model=d"], "p")
 
 
+def test_a_filter_ignores_the_plus_hydra_needs_for_a_key_the_defaults_lack():
+    groups = [{"model": "a", "compressor.bin": [50, 500]}]
+    assert sweeps.expand(groups, {}, ["+compressor.bin=500"]) == [["model=a", "compressor.bin=500"]]
+    assert sweeps.expand(groups, {}, ["+trainer.extra=1"]) == [
+        ["model=a", "compressor.bin=50", "+trainer.extra=1"],
+        ["model=a", "compressor.bin=500", "+trainer.extra=1"]]
+
+
 def test_group_keys_win_over_params():
     got = sweeps.expand([{"m": "a"}, {"m": "b", "variant": "authors"}], {"variant": "ours"}, [])
     assert got == [["m=a", "variant=ours"], ["m=b", "variant=authors"]]
