@@ -4,9 +4,11 @@ The eager torch path (``PowerSGD._eager_*``) reads and writes every matrix about
 step: M = g + e, P = M Q, Q^T = P^T M, e = M - P Q^T, out = P Q^T. Here, for all the bucket's
 low-rank layers in one call each::
 
-    psgd_project   M = (e - P_o Q_o^T) + g, stored in e, and P = M Q, in one pass
+    psgd_project   M = (e - P_o Q_o^T) + g, stored in e, and P = M Q, in one pass (two rows
+                   at a time: Q^T is read once for both)
     (torch)        P = all_reduce(P), orthogonalize(P)
-    psgd_back      Q^T = P^T M, rows read in blocks of ROWS (Q^T stays in cache)
+    psgd_back      Q^T = P^T M, rows read in blocks of ROWS (Q^T stays in cache), the next
+                   block's rows prefetched
     (torch)        Q = all_reduce(Q) / W
     psgd_expand    out = P Q^T (AVX2: streaming stores, as out is only written)
 
@@ -30,7 +32,7 @@ import torch
 from compression._native import Library, int64s, pointers
 
 LANES = 8  # columns per lane block: one AVX2 vector of float32
-ROWS = 4   # rows of M per block of psgd_back
+ROWS = 8   # rows of M per block of psgd_back
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 _PASS = [_i64, _p, _p, _p, _p, _p, _p]

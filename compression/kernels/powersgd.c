@@ -13,6 +13,8 @@
 _Static_assert(LANES == 8, "a lane block is one AVX2 vector of float32");
 _Static_assert(ROWS >= 1, "rows per block of the back projection");
 #define KB 4                      /* columns of P (or Q) accumulated per sweep of a row */
+#define PROJECT_ROWS 2            /* rows of M per sweep of psgd_project */
+#define PREFETCH 16               /* floats per cache line: one prefetch each */
 
 #define ALWAYS static inline __attribute__((always_inline))
 /* Vectors pass between functions only where they are inlined: no ABI to keep. */
@@ -67,65 +69,99 @@ ALWAYS float lane_sum(vec a) {
     return t[0] + t[1];
 }
 
-/* Columns k0 .. k0 + kb of P for row i: P = M Q (qt: Q^T, r x m). With make (k0 = 0 and an
-   error memory ei), M = (e - P_o Q_o^T) + g is made from the row's e and g and stored in e
-   (p_oi NULL: nothing owed); otherwise M is read from mi. kb is a constant where this is
-   inlined, so the accumulators stay in registers. */
-ALWAYS void project_row(float *ei, const float *gi, const float *mi, int64_t m, const int make,
-                        const float *qt, int64_t k0, const int kb, const float *p_oi,
-                        const float *qt_o, int64_t r_o, float *pi) {
-    vec acc[KB] = {{0.0f}};
+/* Columns k0 .. k0 + kb of P for rows i0 .. i0 + rows: P = M Q (qt: Q^T, r x m). With make
+   (k0 = 0 and an error memory e), M = (e - P_o Q_o^T) + g is made from the rows' e and g and
+   stored in e (p_o NULL: nothing owed); otherwise M is read from mat (e, or g without an error
+   memory). The rows share each load of Q^T and Q_o^T (at rank 2 and more, ResNet-18's widest
+   Q^T no longer fits in L1: two rows read it from L2 half as often as one; kernel_ab: project
+   1.1-1.2x faster at ranks 2 and 4), and each row's sums run as they would alone. rows and kb
+   are constants where this is inlined, so the accumulators stay in registers. */
+ALWAYS void project_rows(float *e, const float *g, const float *mat, int64_t i0, const int rows,
+                         int64_t m, const int make, const float *qt, int64_t k0, const int kb,
+                         const float *p_o, const float *qt_o, int64_t r_o, float *p, int64_t r) {
+    vec acc[PROJECT_ROWS][KB] = {{{0.0f}}};
+    float *er[PROJECT_ROWS];
+    const float *gr[PROJECT_ROWS], *mr[PROJECT_ROWS], *por[PROJECT_ROWS];
+    for (int b = 0; b < rows; ++b) {
+        er[b] = e ? e + (i0 + b) * m : NULL;
+        gr[b] = g + (i0 + b) * m;
+        mr[b] = mat + (i0 + b) * m;
+        por[b] = p_o ? p_o + (i0 + b) * r_o : NULL;
+    }
 #define PROJECT(j, whole)                                                                     \
     do {                                                                                      \
-        vec x;                                                                                \
+        vec x[PROJECT_ROWS];                                                                  \
         if (make) {                                                   /* M = g + e, once */   \
-            x = load(ei, j, m, whole);                                                        \
-            if (p_oi) x = x - low_rank(p_oi, qt_o, r_o, j, m, whole); /* e - P_o Q_o^T */     \
-            x = x + load(gi, j, m, whole);                                                    \
-            store(ei, x, j, m, whole);                                                        \
+            for (int b = 0; b < rows; ++b) x[b] = load(er[b], j, m, whole);                   \
+            if (p_o) {                                                /* e - P_o Q_o^T */     \
+                vec c[PROJECT_ROWS];                                                          \
+                vec q = load(qt_o, j, m, whole);                                              \
+                for (int b = 0; b < rows; ++b) c[b] = por[b][0] * q;                          \
+                for (int64_t k = 1; k < r_o; ++k) {                                           \
+                    q = load(qt_o + k * m, j, m, whole);                                      \
+                    for (int b = 0; b < rows; ++b) c[b] = c[b] + por[b][k] * q;               \
+                }                                                                             \
+                for (int b = 0; b < rows; ++b) x[b] = x[b] - c[b];                            \
+            }                                                                                 \
+            for (int b = 0; b < rows; ++b) {                                                  \
+                x[b] = x[b] + load(gr[b], j, m, whole);                                       \
+                store(er[b], x[b], j, m, whole);                                              \
+            }                                                                                 \
         } else {                                                                              \
-            x = load(mi, j, m, whole);                                                        \
+            for (int b = 0; b < rows; ++b) x[b] = load(mr[b], j, m, whole);                   \
         }                                                                                     \
-        for (int k = 0; k < kb; ++k)                                  /* P = M Q */           \
-            acc[k] = acc[k] + x * load(qt + (k0 + k) * m, j, m, whole);                       \
+        for (int k = 0; k < kb; ++k) {                                /* P = M Q */           \
+            const vec q = load(qt + (k0 + k) * m, j, m, whole);                               \
+            for (int b = 0; b < rows; ++b) acc[b][k] = acc[b][k] + x[b] * q;                  \
+        }                                                                                     \
     } while (0)
     FOR_LANES(m, PROJECT);
 #undef PROJECT
-    for (int k = 0; k < kb; ++k) pi[k0 + k] = lane_sum(acc[k]);
+    for (int b = 0; b < rows; ++b)
+        for (int k = 0; k < kb; ++k) p[(i0 + b) * r + k0 + k] = lane_sum(acc[b][k]);
 }
 
 /* Pass 1 of one matrix (n x m): M = (e - P_o Q_o^T) + g, stored in e (without e: M = g;
-   without p_o: nothing owed), and P = M Q (p: n x r), KB columns of P per sweep of a row. */
+   without p_o: nothing owed), and P = M Q (p: n x r), KB columns of P per sweep of
+   PROJECT_ROWS rows. */
 ALWAYS void project(float *e, const float *g, int64_t n, int64_t m, int64_t r, const float *qt,
                     const float *p_o, const float *qt_o, int64_t r_o, float *p) {
-    for (int64_t i = 0; i < n; ++i) {
-        float *ei = e ? e + i * m : NULL;
-        const float *gi = g + i * m, *mi = ei ? ei : gi, *p_oi = p_o ? p_o + i * r_o : NULL;
-        for (int64_t k0 = 0; k0 < r; k0 += KB) {
-            const int make = ei && k0 == 0;
-#define ROW(kb) project_row(ei, gi, mi, m, make, qt, k0, kb, p_oi, qt_o, r_o, p + i * r)
-            switch (r - k0) {
-                case 1: ROW(1); break;
-                case 2: ROW(2); break;
-                case 3: ROW(3); break;
-                default: ROW(KB);
-            }
-#undef ROW
-        }
+    const float *mat = e ? e : g;
+    int64_t i = 0;
+#define SWEEP(rows, kb) project_rows(e, g, mat, i, rows, m, make, qt, k0, kb, p_o, qt_o, r_o, p, r)
+#define SWEEPS(rows)                                                                          \
+    for (int64_t k0 = 0; k0 < r; k0 += KB) {                                                  \
+        const int make = e && k0 == 0;                                                        \
+        switch (r - k0) {                                                                     \
+            case 1: SWEEP(rows, 1); break;                                                    \
+            case 2: SWEEP(rows, 2); break;                                                    \
+            case 3: SWEEP(rows, 3); break;                                                    \
+            default: SWEEP(rows, KB);                                                         \
+        }                                                                                     \
     }
+    for (; i + PROJECT_ROWS <= n; i += PROJECT_ROWS) SWEEPS(PROJECT_ROWS)
+    for (; i < n; ++i) SWEEPS(1)
+#undef SWEEP
+#undef SWEEPS
 }
 
 /* Rows i0 .. i0 + rows of M added to qt = P^T M, row after row (rows: a constant where this is
-   inlined; M's LANES columns are read once for all of Q^T's rows). */
-ALWAYS void back_rows(const float *mat, int64_t i0, const int rows, int64_t m, int64_t r,
-                      const float *p, float *qt) {
+   inlined; M's LANES columns are read once for all of Q^T's rows). The next block's first
+   `ahead` rows are prefetched at the same columns, a cache line (PREFETCH floats) at a time: a
+   block's rows are separate streams, each starting cold, which the hardware prefetcher alone
+   leaves waiting (benchmarks/kernel_ab.py: back 1.2-1.5x faster with it). */
+ALWAYS void back_rows(const float *mat, int64_t i0, const int rows, int64_t ahead, int64_t m,
+                      int64_t r, const float *p, float *qt) {
 #define BACK(j, whole)                                                                        \
     do {                                                                                      \
         vec x[ROWS];                                                                          \
         for (int b = 0; b < rows; ++b) x[b] = load(mat + (i0 + b) * m, j, m, whole);          \
+        if ((j) % PREFETCH == 0)                                                              \
+            for (int64_t b = 0; b < ahead; ++b)                                               \
+                __builtin_prefetch(mat + (i0 + rows + b) * m + (j), 0, 2);                    \
         for (int64_t k = 0; k < r; ++k) {                                                     \
             vec s = load(qt + k * m, j, m, whole);                                            \
-            for (int b = 0; b < rows; ++b) s = s + p[(i0 + b) * r + k] * x[b];               \
+            for (int b = 0; b < rows; ++b) s = s + p[(i0 + b) * r + k] * x[b];                \
             store(qt + k * m, s, j, m, whole);                                                \
         }                                                                                     \
     } while (0)
@@ -137,8 +173,11 @@ ALWAYS void back_rows(const float *mat, int64_t i0, const int rows, int64_t m, i
 ALWAYS void back(const float *mat, int64_t n, int64_t m, int64_t r, const float *p, float *qt) {
     memset(qt, 0, (size_t)(r * m) * sizeof(float));
     int64_t i = 0;
-    for (; i + ROWS <= n; i += ROWS) back_rows(mat, i, ROWS, m, r, p, qt);
-    for (; i < n; ++i) back_rows(mat, i, 1, m, r, p, qt);
+    for (; i + ROWS <= n; i += ROWS) {
+        const int64_t left = n - i - ROWS;
+        back_rows(mat, i, ROWS, left < ROWS ? left : ROWS, m, r, p, qt);
+    }
+    for (; i < n; ++i) back_rows(mat, i, 1, 0, m, r, p, qt);
 }
 
 /* Pass 3 of one matrix: out = P Q^T. */
