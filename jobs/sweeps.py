@@ -9,8 +9,8 @@ crossed with ``hydra.sweeper.params`` (like Hydra's basic sweeper). On the comma
   ``method=rank2,rank1``): a filter, so a sweep can be run in part; a group key that the default
   config lacks (``compressor.conv_bin_size``) needs Hydra's ``+`` on the command line, which
   the filter ignores (``+compressor.conv_bin_size=5000``);
-- any other key applies to every run (``seed=0``, ``trainer.epochs=5``; it replaces the same key
-  of ``params``);
+- any other key applies to every run (``seed=0``, ``trainer.epochs=5``, ``~dataset.noise``; it
+  replaces the same key of ``params``);
 - a group's ``scales: [paper]`` runs it at those scales only (``scale`` from the sweep's config).
 
 :func:`make_plan` composes every run's config (through the caller's ``compose``), finds its
@@ -84,6 +84,9 @@ def expand(groups: Iterable[dict[str, Any]], params: dict[str, Any], arguments: 
     axes = {key: _values(key, value, parser) for key, value in (params or {}).items()}
     filters: dict[str, set[str]] = {}
     for arg in arguments:
+        if "=" not in arg:  # ~key: Hydra deletes the key from every run
+            axes[arg.lstrip("~")] = [arg]
+            continue
         key_part, value = arg.split("=", 1)
         key = key_part.lstrip("+~")
         if key in group_keys:  # matched against the group's own key=value: no +/~ prefix

@@ -339,6 +339,8 @@ def test_a_filter_ignores_the_plus_hydra_needs_for_a_key_the_defaults_lack():
     assert sweeps.expand(groups, {}, ["+trainer.extra=1"]) == [
         ["model=a", "compressor.bin=50", "+trainer.extra=1"],
         ["model=a", "compressor.bin=500", "+trainer.extra=1"]]
+    assert sweeps.expand(groups, {}, ["+compressor.bin=50", "~dataset.noise"]) == [
+        ["model=a", "compressor.bin=50", "~dataset.noise"]]
 
 
 def test_group_keys_win_over_params():
