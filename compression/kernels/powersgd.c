@@ -53,11 +53,25 @@ ALWAYS void store(float *dst, vec v, int64_t j, int64_t m, const int whole) {
         if (j_ < (m)) body(j_, 0);                                                            \
     } while (0)
 
-/* sum_k p[k] qt[k][j..j+LANES), k = 0, 1, ... in order: LANES columns of row p of P Q^T. */
+/* c[b] = sum_k p[b][k] qt[k][j..j+LANES), k = 0, 1, ... in order: LANES columns of the rows
+   p[0 .. rows) of P Q^T, each load of Q^T serving every row (rows: a constant where this is
+   inlined). Pass 1 takes the owed P Q^T off e with these float operations, pass 3 and settle
+   make P Q^T with them: so e = M - out exactly. */
+ALWAYS void low_rank_rows(const float *const *p, const int rows, const float *qt, int64_t r,
+                          int64_t j, int64_t m, const int whole, vec *c) {
+    vec q = load(qt, j, m, whole);
+    for (int b = 0; b < rows; ++b) c[b] = p[b][0] * q;
+    for (int64_t k = 1; k < r; ++k) {
+        q = load(qt + k * m, j, m, whole);
+        for (int b = 0; b < rows; ++b) c[b] = c[b] + p[b][k] * q;
+    }
+}
+
+/* LANES columns of row p of P Q^T (low_rank_rows for one row). */
 ALWAYS vec low_rank(const float *p, const float *qt, int64_t r, int64_t j, int64_t m,
                     const int whole) {
-    vec c = p[0] * load(qt, j, m, whole);
-    for (int64_t k = 1; k < r; ++k) c = c + p[k] * load(qt + k * m, j, m, whole);
+    vec c;
+    low_rank_rows(&p, 1, qt, r, j, m, whole, &c);
     return c;
 }
 
@@ -71,12 +85,12 @@ ALWAYS float lane_sum(vec a) {
 
 /* Columns k0 .. k0 + kb of P for rows i0 .. i0 + rows: P = M Q (qt: Q^T, r x m). With make
    (k0 = 0 and an error memory e), M = (e - P_o Q_o^T) + g is made from the rows' e and g and
-   stored in e (p_o NULL: nothing owed); otherwise M is read from mat (e, or g without an error
+   stored in e (p_o NULL: nothing owed); otherwise M is read from e (from g without an error
    memory). The rows share each load of Q^T and Q_o^T (at rank 2 and more, ResNet-18's widest
    Q^T no longer fits in L1: two rows read it from L2 half as often as one; kernel_ab: project
    1.1-1.2x faster at ranks 2 and 4), and each row's sums run as they would alone. rows and kb
    are constants where this is inlined, so the accumulators stay in registers. */
-ALWAYS void project_rows(float *e, const float *g, const float *mat, int64_t i0, const int rows,
+ALWAYS void project_rows(float *e, const float *g, int64_t i0, const int rows,
                          int64_t m, const int make, const float *qt, int64_t k0, const int kb,
                          const float *p_o, const float *qt_o, int64_t r_o, float *p, int64_t r) {
     vec acc[PROJECT_ROWS][KB] = {{{0.0f}}};
@@ -85,7 +99,7 @@ ALWAYS void project_rows(float *e, const float *g, const float *mat, int64_t i0,
     for (int b = 0; b < rows; ++b) {
         er[b] = e ? e + (i0 + b) * m : NULL;
         gr[b] = g + (i0 + b) * m;
-        mr[b] = mat + (i0 + b) * m;
+        mr[b] = e ? er[b] : gr[b];
         por[b] = p_o ? p_o + (i0 + b) * r_o : NULL;
     }
 #define PROJECT(j, whole)                                                                     \
@@ -95,12 +109,7 @@ ALWAYS void project_rows(float *e, const float *g, const float *mat, int64_t i0,
             for (int b = 0; b < rows; ++b) x[b] = load(er[b], j, m, whole);                   \
             if (p_o) {                                                /* e - P_o Q_o^T */     \
                 vec c[PROJECT_ROWS];                                                          \
-                vec q = load(qt_o, j, m, whole);                                              \
-                for (int b = 0; b < rows; ++b) c[b] = por[b][0] * q;                          \
-                for (int64_t k = 1; k < r_o; ++k) {                                           \
-                    q = load(qt_o + k * m, j, m, whole);                                      \
-                    for (int b = 0; b < rows; ++b) c[b] = c[b] + por[b][k] * q;               \
-                }                                                                             \
+                low_rank_rows(por, rows, qt_o, r_o, j, m, whole, c);                          \
                 for (int b = 0; b < rows; ++b) x[b] = x[b] - c[b];                            \
             }                                                                                 \
             for (int b = 0; b < rows; ++b) {                                                  \
@@ -126,9 +135,8 @@ ALWAYS void project_rows(float *e, const float *g, const float *mat, int64_t i0,
    PROJECT_ROWS rows. */
 ALWAYS void project(float *e, const float *g, int64_t n, int64_t m, int64_t r, const float *qt,
                     const float *p_o, const float *qt_o, int64_t r_o, float *p) {
-    const float *mat = e ? e : g;
     int64_t i = 0;
-#define SWEEP(rows, kb) project_rows(e, g, mat, i, rows, m, make, qt, k0, kb, p_o, qt_o, r_o, p, r)
+#define SWEEP(rows, kb) project_rows(e, g, i, rows, m, make, qt, k0, kb, p_o, qt_o, r_o, p, r)
 #define SWEEPS(rows)                                                                          \
     for (int64_t k0 = 0; k0 < r; k0 += KB) {                                                  \
         const int make = e && k0 == 0;                                                        \
