@@ -102,8 +102,31 @@ def render(block: Block) -> str:
     if source.suffix in IMAGES:
         link = Path(os.path.relpath(source, block.page.parent)).as_posix()
         return f"![{block.caption or source.stem}]({link})\n"
-    text = source.read_text()
+    text = nest_headings(source.read_text(), _section_level(block))
     return text if text.endswith("\n") else text + "\n"
+
+
+def _section_level(block: Block) -> int:
+    """The level of the last heading above ``block`` on its page (0: none)."""
+    above = prose(block.page.read_text()[:block.start])
+    levels = [len(m.group(1)) for m in HEADING.finditer(above)]
+    return levels[-1] if levels else 0
+
+
+def nest_headings(text: str, level: int) -> str:
+    """``text``'s headings (outside fenced code) moved down so that its top one is at ``level``
+    + 1, as a subsection of where it is shown (at most level 6)."""
+    fenced = [range(m.start(), m.end()) for m in FENCE.finditer(text)]
+    found = [m for m in HEADING.finditer(text) if not any(m.start() in r for r in fenced)]
+    if not found:
+        return text
+    shift = level + 1 - min(len(m.group(1)) for m in found)
+    if shift <= 0:
+        return text
+    for m in reversed(found):
+        hashes = "#" * min(6, len(m.group(1)) + shift)
+        text = text[:m.start()] + hashes + text[m.end(1):]
+    return text
 
 
 def refresh(paths: list[Path] | None = None) -> list[Path]:

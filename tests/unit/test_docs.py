@@ -175,6 +175,16 @@ def test_refresh_copies_sources_in_and_check_finds_stale_blocks(tmp_path):
     assert len(docs.stale_blocks([page])) == 1
 
 
+def test_a_shown_file_s_headings_nest_under_the_section_showing_it():
+    # A scorecard starts with "# Scorecard": shown under a "##" section it becomes "###", its
+    # deeper headings follow, and a "#" line in fenced code is not a heading.
+    text = "# Scorecard\n\n## Rows\n\n```\n# a comment\n```\n"
+    assert docs.nest_headings(text, 2) == "### Scorecard\n\n#### Rows\n\n```\n# a comment\n```\n"
+    assert docs.nest_headings(text, 0) == text
+    assert docs.nest_headings("### Already deep\n", 1) == "### Already deep\n"  # never raised
+    assert docs.nest_headings("##### Deep\n\n# Top\n", 5) == "###### Deep\n\n###### Top\n"
+
+
 def test_stage_copies_the_pages_and_what_they_link(tmp_path):
     staged = {p.relative_to(ROOT).as_posix() for p in docs.stage(tmp_path / "site-src")}
     assert {"README.md", "docs/getting-started.md", "results/claims/batch/batch.png"} <= staged
