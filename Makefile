@@ -195,8 +195,8 @@ bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BAS
 	$(if $(DEVICE),,$(PY) -m benchmarks.compressor_profile)
 	@$(DOCS_REFRESH)
 
-bench-kernels: $(VENV_STAMP) ## Top-K's and PowerSGD's C kernel passes alone, inputs from memory, side by side with BASELINE=<git ref>'s, with a check that both give the same bits -> results/bench/kernels.{csv,md}
-	$(PY) -m benchmarks.kernel_ab --baseline "$(BASELINE)"
+bench-kernels: $(VENV_STAMP) ## Top-K's, AdaComp's and PowerSGD's C kernel passes alone, inputs from memory, side by side with BASELINE=<git ref>'s, with a check that both give the same bits [PASSES=topk|adacomp|powersgd] -> results/bench/kernels.{csv,md}
+	$(PY) -m benchmarks.kernel_ab --baseline "$(BASELINE)" --only "$(PASSES)"
 	@$(DOCS_REFRESH)
 
 smoke-gpu: $(VENV_STAMP) ## on a GPU machine (~10 min): every compressor through NCCL, a resume, host syncs per step, NCCL vs gloo -> results/bench/smoke_gpu.md (skips without a GPU)

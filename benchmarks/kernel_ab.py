@@ -4,17 +4,17 @@ results/bench/kernels.{csv,md}.
     make bench-kernels BASELINE=<git ref>
     python -m benchmarks.kernel_ab --baseline REF [--repeats 21]
 
-``make bench-compressors`` times the hook's whole path, where the collectives' calls, Python and
-the caches a step leaves move a pass by more than a kernel change does (unchanged code there
-times 0.96-1.03x its own baseline from one run to the next on this 2-core VM). Here each side
-is a process importing its checkout's ``compression`` package (as bench-compressors' sides do)
-that calls one pass of one C kernel (Top-K's compress and decompress, PowerSGD's three passes)
-over ResNet-18's matrix-shaped layers, laid end to end in one buffer one float past an aligned
-address (a DDP bucket does not align them), from the same seeded inputs. Before each call the
-inputs are restored and a 64 MiB buffer is written, so the layers come from memory, not cache,
-as after backward's other writes. The sides take turns going first (ABBA). Each reply carries a
-digest of the pass's outputs, and the table says whether both sides' outputs are the same bits.
-One thread; medians over repeats; nothing here is a test.
+``make bench-compressors`` times the hook's whole path, where the collectives' calls, Python and the
+caches a step leaves move a pass by more than a kernel change does (unchanged code there times
+0.96-1.03x its own baseline from one run to the next on this 2-core VM). Here each side is a process
+importing its checkout's ``compression`` package (as bench-compressors' sides do) that calls one
+pass of one C kernel (Top-K's and AdaComp's compress and decompress, PowerSGD's three passes) over
+ResNet-18's matrix-shaped layers, laid end to end in one buffer one float past an aligned address (a
+DDP bucket does not align them), from the same seeded inputs. Before each call the inputs are
+restored and a 64 MiB buffer is written, so the layers come from memory, not cache, as after
+backward's other writes. The sides take turns going first (ABBA). Each reply carries a digest of the
+pass's outputs, and the table says whether both sides' outputs are the same bits. One thread;
+medians over repeats; nothing here is a test.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 OUT = ROOT / "results" / "bench"
 TOPK_RATIOS = (0.99, 0.25, 0.1, 0.02)
+ADACOMP_BINS = ((50, 500), (500, 5000), (5000, 50000))  # L_T of conv kernels / of matrices
 POWERSGD_RANKS = (1, 2, 4)
 FLUSH = 16 << 20  # floats written between calls: 64 MiB, twice this machine's last-level cache
 
@@ -52,6 +53,12 @@ def resnet18_shapes(width: int) -> list[tuple[int, int]]:
     hook views them: (n, -1)."""
     model = models.build("resnet18", num_classes=10, width=width)
     return [(p.shape[0], p[0].numel()) for p in model.parameters() if p.ndim > 1]
+
+
+def resnet18_convs(width: int) -> list[bool]:
+    """Which of :func:`resnet18_shapes`' layers are convolution kernels (AdaComp's conv bins)."""
+    model = models.build("resnet18", num_classes=10, width=width)
+    return [p.ndim >= 3 for p in model.parameters() if p.ndim > 1]
 
 
 def _layers(shapes: list[tuple[int, int]], scale: float, seed: int) -> list[torch.Tensor]:
@@ -70,8 +77,10 @@ def _layers(shapes: list[tuple[int, int]], scale: float, seed: int) -> list[torc
 def passes(width: int) -> dict[str, Callable[[], Callable[[], list[torch.Tensor]]]]:
     """Every pass timed, by key: a maker that prepares its inputs and returns the timed call
     (which returns the tensors it wrote)."""
-    from compression import _powersgd_kernel as psgd  # noqa: PLC0415 (this side's checkout)
+    from compression import _adacomp_kernel as ada  # noqa: PLC0415 (this side's checkout)
+    from compression import _powersgd_kernel as psgd  # noqa: PLC0415
     from compression import _topk_kernel as topk  # noqa: PLC0415
+    from compression.exchange import layout  # noqa: PLC0415
 
     shapes = resnet18_shapes(width)
     grads = _layers(shapes, 1e-3, 0)
@@ -137,12 +146,60 @@ def passes(width: int) -> dict[str, Callable[[], Callable[[], list[torch.Tensor]
             return outs
         return _restored(call, [])
 
+    convs = resnet18_convs(width)
+
+    def adacomp_state(bins: tuple[int, int], seed: int) -> dict[str, Any]:
+        """A worker's AdaComp kernel arguments after one step (residues, owed bits and scales
+        as it left them; its message), for conv / matrix bin sizes ``bins``."""
+        bin_sizes = [bins[0] if conv else bins[1] for conv in convs]
+        residues = []
+        for e, bin_size in zip(_layers(shapes, 1e-4, seed), bin_sizes, strict=True):
+            residue = torch.zeros(-(-e.numel() // bin_size) * bin_size + ada.SLACK)
+            residue[:e.numel()] = e.view(-1)
+            residues.append(residue[:-ada.SLACK])
+        sizes = [ada.group_bytes(g.numel(), b) for g, b in zip(grads, bin_sizes, strict=True)]
+        offsets, length = layout([2 * size for size in sizes], header=4 * len(sizes), align=4)
+        bins_most = max(-(-g.numel() // b) for g, b in zip(grads, bin_sizes, strict=True))
+        args = {"lib": ada.kernel(), "residues": residues, "grads": [g.view(-1) for g in grads],
+                "bin_sizes": bin_sizes, "soft": True,
+                "owed": [torch.zeros(size, dtype=torch.uint8) for size in sizes],
+                "scales": [torch.zeros((), dtype=torch.float32) for _ in sizes],
+                "g_max": torch.empty(bins_most), "message": torch.zeros(length, dtype=torch.uint8),
+                "offsets": offsets, "sizes": sizes}
+        ada.compress(**args)                                 # last step: its G_q owed
+        return args
+
+    def adacomp_compress(bins: tuple[int, int]) -> Callable[[], list[torch.Tensor]]:
+        args = adacomp_state(bins, 1)
+        state = [*args["residues"], *args["owed"], *args["scales"]]
+
+        def call() -> list[torch.Tensor]:
+            ada.compress(**args)
+            return [*args["residues"], args["message"]]
+        return _restored(call, [(t, t.clone()) for t in state])
+
+    def adacomp_decompress(bins: tuple[int, int]) -> Callable[[], list[torch.Tensor]]:
+        workers = [adacomp_state(bins, 2 + worker) for worker in range(2)]
+        messages = torch.stack([args["message"] for args in workers])
+        outs = [torch.empty_like(g).view(-1) for g in grads]
+        args = workers[0]
+
+        def call() -> list[torch.Tensor]:
+            ada.decompress(args["lib"], outs, args["bin_sizes"], messages, args["offsets"],
+                           args["sizes"])
+            return outs
+        return _restored(call, [])
+
     for ratio in TOPK_RATIOS:
         made[f"topk compress, ratio {ratio}"] = lambda r=ratio: topk_compress(r)
         made[f"topk decompress (2 workers), ratio {ratio}"] = lambda r=ratio: topk_decompress(r)
     for rank in POWERSGD_RANKS:
         for name in ("project", "back", "expand"):
             made[f"powersgd {name}, rank {rank}"] = lambda n=name, r=rank: powersgd(n, r)
+    for bins in ADACOMP_BINS:
+        made[f"adacomp compress, L_T {bins[0]}/{bins[1]}"] = lambda b=bins: adacomp_compress(b)
+        made[f"adacomp decompress (2 workers), L_T {bins[0]}/{bins[1]}"] = \
+            lambda b=bins: adacomp_decompress(b)
     return made
 
 
@@ -182,13 +239,13 @@ def worker(width: int) -> None:
         print(json.dumps(made[line.strip()]()), file=out, flush=True)
 
 
-def time_sides(sides: list[Side], repeats: int, warmup: int = 2
+def time_sides(sides: list[Side], repeats: int, warmup: int = 2, only: str = ""
                ) -> tuple[list[dict[str, Any]], list[float]]:
     """Per key both sides can run: their median ms over the measured repeats and whether their
     outputs agreed in every repeat; and the 1-minute load average at every measured repeat."""
     from benchmarks.compressors import alternate  # noqa: PLC0415 (see main)
 
-    keys = [k for k in sides[0].rows if all(k in s.rows for s in sides)]
+    keys = [k for k in sides[0].rows if all(k in s.rows for s in sides) and k.startswith(only)]
     replies, load = alternate([(k, sides) for k in keys], repeats, warmup)
     rows = [{"pass": k, **{s.name: statistics.median(
                  t for t, _ in replies[(s.name, k)][warmup:]) * 1e3 for s in sides},
@@ -207,7 +264,8 @@ def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any]
         for row in rows:
             writer.writerow([row["pass"], f"{row['baseline']:.3f}", f"{row['this']:.3f}",
                              f"{row['baseline'] / row['this']:.3f}", row["same bits"]])
-    lines = [f"Command: `make bench-kernels BASELINE={context['baseline_ref']}` (python -m "
+    only = f" PASSES={context['only']}" if context["only"] else ""
+    lines = [f"Command: `make bench-kernels BASELINE={context['baseline_ref']}{only}` (python -m "
              f"benchmarks.kernel_ab), {context['minutes']:.1f} min; this side "
              f"{context['this']}, baseline {context['baseline']}; {context['made_by']}. "
              f"ResNet-18's matrix-shaped layers (width {context['width']}), one thread, inputs "
@@ -230,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--width", type=int, default=64,
                         help="ResNet-18's first-stage channels (64: the real one; 8: a check)")
+    parser.add_argument("--only", default="", metavar="PREFIX",
+                        help="time only the passes whose name starts so (topk, powersgd, adacomp)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -248,12 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         sides = [Side(name, tree_of, width, script, "bench-kernels")
                  for name, tree_of in (("this", ROOT), ("baseline", tree))]
         try:
-            rows, load = time_sides(sides, args.repeats)
+            rows, load = time_sides(sides, args.repeats, only=args.only)
         finally:
             for side in sides:
                 side.close()
     context = {"repeats": args.repeats, "made_by": made_by, "width": args.width,
-               "baseline_ref": args.baseline,
+               "baseline_ref": args.baseline, "only": args.only,
                "baseline": describe(args.baseline),
                "this": describe("HEAD") + (" + uncommitted changes"
                                             if provenance.code_changed() else ""),

@@ -235,7 +235,11 @@ AVX2 static inline __attribute__((always_inline)) void bin_avx2(
 
 /* bin_avx2 with the soft threshold for the layer's whole bins, software-pipelined: bin b's
    first sweep (from memory) goes a group at a time alongside bin b - 1's selection (from
-   cache), which a long bin would otherwise keep apart. Returns how many bins it did. */
+   cache), which a short bin would otherwise keep apart. Bins of PIPELINED_BIN elements or more
+   go to bin_avx2 instead: two bins of those no longer sit in L1 together, and two streams from
+   L2 beside the one from memory were measured slower (make bench-kernels PASSES=adacomp).
+   Returns how many bins it did. */
+enum { PIPELINED_BIN = 256 };
 AVX2 static int64_t soft_bins(float *residue, const float *grad, int64_t n, int64_t bin_size,
                               const uint8_t *owed, __m256i sp, float *g_max, uint8_t *sent,
                               uint8_t *sign) {
@@ -285,8 +289,8 @@ AVX2 static int64_t compress_avx2(float *residue, const float *grad, int64_t n,
     const __m256i sp = _mm256_set1_epi32((int32_t)bits(s_prev));
     const int64_t per_bin = groups(bin_size), short_bin = n % bin_size;
     const __m256i tail = first_lanes(bin_size - 8 * (per_bin - 1));  /* of a whole bin */
-    const int64_t done = soft ? soft_bins(residue, grad, n, bin_size, owed, sp, g_max, sent,
-                                          sign) : 0;
+    const int64_t done = soft && bin_size < PIPELINED_BIN
+        ? soft_bins(residue, grad, n, bin_size, owed, sp, g_max, sent, sign) : 0;
     FOR_EACH_BIN(n, bin_size)
         if (bin >= done)
             bin_avx2(residue, grad, owed + bin * per_bin, sp, start, end, soft, g_max + bin,
@@ -420,12 +424,15 @@ static void decompress_scalar(float *out, int64_t n, int64_t bin_size, int64_t w
 }
 
 #ifdef X86
-/* add_range's step for one group, eight lanes: sign v (value) where sent, or +0. */
+/* add_range's step for one group, eight lanes: sign v (value) where sent, or +0; of a group of
+   len < 8 (a bin's short last one) only its len lanes are stored, so that the next bin's load of
+   its first group does not wait on a store that overlaps it. */
 AVX2 static inline __attribute__((always_inline)) void add_group(
-        float *to, uint8_t sent, uint8_t negative, __m256i value, __m256i sign_mask, int first) {
+        float *to, uint8_t sent, uint8_t negative, __m256i value, __m256i sign_mask, int first,
+        int64_t len) {
     __m256i signed_v = _mm256_xor_si256(value, _mm256_and_si256(lanes_of(negative), sign_mask));
     __m256 g_q = _mm256_castsi256_ps(_mm256_and_si256(lanes_of(sent), signed_v));
-    _mm256_storeu_ps(to, first ? g_q : _mm256_add_ps(_mm256_loadu_ps(to), g_q));
+    store_first(to, first ? g_q : _mm256_add_ps(_mm256_loadu_ps(to), g_q), len);
 }
 /* add_range, eight lanes at a time; the whole bins of the range in a loop of their own. v is
    +0, positive or NaN: its sign is flipped only where v != +0, so that no g_q is -0 and the
@@ -438,20 +445,25 @@ AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
     int64_t bin = start / bin_size, offset = start - bin * bin_size;
     const uint8_t *bytes = sent + bin * per_bin + offset / 8;
     if (offset == 0) {                                       /* whole bins */
-        int64_t whole = (stop - start) / bin_size;
-        for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin)
-            for (int64_t g = 0; g < per_bin; ++g)
+        const int64_t whole = (stop - start) / bin_size, last = per_bin - 1;
+        const int64_t tail = bin_size - 8 * last;            /* the last group's length */
+        for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin) {
+            for (int64_t g = 0; g < last; ++g)
                 if (first)
-                    add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, 1);
+                    add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, 1, 8);
                 else
-                    add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, 0);
+                    add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, 0, 8);
+            add_group(to + 8 * last, bytes[last], bytes[size + last], value, sign_mask, first,
+                      tail);
+        }
         start += whole * bin_size, bin += whole;
     }
     for (int64_t len = bin_size - offset; start < stop; start += len, len = bin_size) {
         len = len < stop - start ? len : stop - start;       /* this bin's part */
         for (int64_t g = 0; g < groups(len); ++g)
-            add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, first);
-        to += len;                                           /* the short group's spill: next */
+            add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, first,
+                      len - 8 * g < 8 ? len - 8 * g : 8);
+        to += len;
         bytes = sent + ++bin * per_bin;
     }
 }

@@ -108,6 +108,26 @@ def test_adacomp_kernel_aggregate_is_bitwise_the_eager_path(
     assert_same_bits(fused, simulate_run("adacomp", shape, steps, "residue", **params))
 
 
+@pytest.mark.parametrize("ramp", [1.0, -1.0])
+def test_adacomp_kernel_long_bins_are_bitwise_the_eager_path(
+        ramp: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Long bins (the kernel selects them whole, not pipelined with the next) with |dW| growing
+    # along each bin (ramp 1: g_max at its end, many sent late) or shrinking (ramp -1); two
+    # workers, five steps.
+    require_kernel(adacomp_kernel.LIBRARY)
+    shape, bin_size = (3, 4000), 3000
+    steps = random_steps(shape, 2, 5, seed=5)
+    rise = torch.linspace(0.0, 100.0, math.prod(shape)).view(shape)
+    for step in steps:
+        for g in step:
+            sign = torch.where(g < 0, -1.0, 1.0)
+            g.copy_((g.abs() + (rise if ramp > 0 else rise.flip(1))) * sign)
+    params = {"fc_bin_size": bin_size}
+    fused = simulate_run("adacomp", shape, steps, "residue", **params)
+    eager_adacomp(monkeypatch)
+    assert_same_bits(fused, simulate_run("adacomp", shape, steps, "residue", **params))
+
+
 @pytest.mark.parametrize("new_bin_size", [4, 64, 30])
 def test_adacomp_kernel_level_change_is_bitwise_the_eager_path(
         new_bin_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,6 +199,7 @@ def test_portable_kernel_loops_are_bitwise_the_eager_path() -> None:
         "test_adacomp_kernel_is_bitwise_the_eager_path",
         "test_adacomp_kernel_aggregate_is_bitwise_the_eager_path",
         "test_adacomp_kernel_level_change_is_bitwise_the_eager_path",
+        "test_adacomp_kernel_long_bins_are_bitwise_the_eager_path",
         "test_adacomp_decompress_sums_workers_in_order")] + ["tests/unit/test_topk_kernel.py",
                                                              "tests/unit/test_adacomp_threshold.py"]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
