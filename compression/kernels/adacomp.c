@@ -460,9 +460,12 @@ AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
     }
     for (int64_t len = bin_size - offset; start < stop; start += len, len = bin_size) {
         len = len < stop - start ? len : stop - start;       /* this bin's part */
-        for (int64_t g = 0; g < groups(len); ++g)
-            add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, first,
-                      len - 8 * g < 8 ? len - 8 * g : 8);
+        const int64_t full = len / 8;
+        for (int64_t g = 0; g < full; ++g)
+            add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, first, 8);
+        if (len % 8)
+            add_group(to + 8 * full, bytes[full], bytes[size + full], value, sign_mask, first,
+                      len % 8);
         to += len;
         bytes = sent + ++bin * per_bin;
     }
