@@ -45,6 +45,7 @@ OUT = ROOT / "results" / "bench"
 TOPK_RATIOS = (0.99, 0.25, 0.1, 0.02)
 ADACOMP_BINS = ((50, 500), (500, 5000), (5000, 50000))  # L_T of conv kernels / of matrices
 POWERSGD_RANKS = (1, 2, 4)
+REPEATS = 21  # make bench-kernels' repeats
 FLUSH = 16 << 20  # floats written between calls: 64 MiB, twice this machine's last-level cache
 
 
@@ -265,8 +266,11 @@ def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any]
             writer.writerow([row["pass"], f"{row['baseline']:.3f}", f"{row['this']:.3f}",
                              f"{row['baseline'] / row['this']:.3f}", row["same bits"]])
     only = f" PASSES={context['only']}" if context["only"] else ""
-    lines = [f"Command: `make bench-kernels BASELINE={context['baseline_ref']}{only}` (python -m "
-             f"benchmarks.kernel_ab), {context['minutes']:.1f} min; this side "
+    command = (f"make bench-kernels BASELINE={context['baseline_ref']}{only}` (python -m "
+               f"benchmarks.kernel_ab)" if context["repeats"] == REPEATS else
+               f"python -m benchmarks.kernel_ab --baseline {context['baseline_ref']} --repeats "
+               f"{context['repeats']}" + (f" --only {context['only']}" if only else "") + "`")
+    lines = [f"Command: `{command}, {context['minutes']:.1f} min; this side "
              f"{context['this']}, baseline {context['baseline']}; {context['made_by']}. "
              f"ResNet-18's matrix-shaped layers (width {context['width']}), one thread, inputs "
              f"from memory (caches filled with other data before each call), median of "
@@ -284,7 +288,7 @@ def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", metavar="REF", help="the git commit to compare with")
-    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--width", type=int, default=64,
                         help="ResNet-18's first-stage channels (64: the real one; 8: a check)")
