@@ -113,15 +113,25 @@ def test_the_sides_take_turns_going_first() -> None:
 
 
 def test_bench_kernels_times_every_pass_on_both_sides(tmp_path) -> None:
-    # HEAD against itself at width 8: every pass of both kernels runs on both sides, and their
-    # outputs agree bit for bit (a digest that differed would print NO).
+    # HEAD against itself at width 8: every pass of the three kernels runs on both sides, and
+    # their outputs agree bit for bit (a digest that differed would print NO); --only keeps the
+    # passes of one kernel.
     assert kernel_ab.main(["--baseline", "HEAD", "--repeats", "1", "--width", "8",
                            "--out", str(tmp_path)]) == 0
     table = (tmp_path / "kernels.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith(("| topk", "| powersgd"))]
-    assert len(rows) == 2 * len(kernel_ab.TOPK_RATIOS) + 3 * len(kernel_ab.POWERSGD_RANKS)
+    rows = [line for line in table.splitlines() if line.startswith(("| topk", "| powersgd",
+                                                                    "| adacomp"))]
+    assert len(rows) == (2 * len(kernel_ab.TOPK_RATIOS) + 3 * len(kernel_ab.POWERSGD_RANKS)
+                         + 2 * len(kernel_ab.ADACOMP_BINS))
     assert all(row.endswith("| yes |") for row in rows), table
-    assert "BASELINE=HEAD" in table and "(fingerprint " in table
+    assert "`python -m benchmarks.kernel_ab --baseline HEAD --repeats 1`" in table
+    assert "(fingerprint " in table
+    assert kernel_ab.main(["--baseline", "HEAD", "--repeats", "1", "--width", "8", "--only",
+                           "adacomp", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "kernels.md").read_text()
+    assert [line.split(",")[0] for line in table.splitlines() if line.startswith("| ")][1:] == \
+        ["| adacomp compress", "| adacomp decompress (2 workers)"] * len(kernel_ab.ADACOMP_BINS)
+    assert "--only adacomp`" in table
 
 
 def test_a_goal_below_the_algorithms_floor_says_so() -> None:
