@@ -80,6 +80,7 @@ class Block:
     body: str
     start: int           # offsets of the body in the page's text
     end: int
+    level: int = 0       # the level of the last heading above it on the page (0: none)
 
 
 def pages() -> list[Path]:
@@ -88,10 +89,16 @@ def pages() -> list[Path]:
 
 
 def blocks(page: Path, text: str | None = None) -> list[Block]:
-    """The generated blocks of ``page``."""
+    """The generated blocks of ``page``, each with the level of the last heading above it."""
     text = page.read_text() if text is None else text
+    headings = [(m.start(), len(m.group(1))) for m in HEADING.finditer(prose(text))]
+
+    def level_above(offset: int) -> int:
+        above = [level for at, level in headings if at < offset]
+        return above[-1] if above else 0
+
     return [Block(page, m["path"], m["caption"], m["cmd"], m["body"], m.start("body"),
-                  m.end("body")) for m in BLOCK.finditer(text)]
+                  m.end("body"), level_above(m.start())) for m in BLOCK.finditer(text)]
 
 
 def render(block: Block) -> str:
@@ -102,22 +109,14 @@ def render(block: Block) -> str:
     if source.suffix in IMAGES:
         link = Path(os.path.relpath(source, block.page.parent)).as_posix()
         return f"![{block.caption or source.stem}]({link})\n"
-    text = nest_headings(source.read_text(), _section_level(block))
+    text = nest_headings(source.read_text(), block.level)
     return text if text.endswith("\n") else text + "\n"
-
-
-def _section_level(block: Block) -> int:
-    """The level of the last heading above ``block`` on its page (0: none)."""
-    above = prose(block.page.read_text()[:block.start])
-    levels = [len(m.group(1)) for m in HEADING.finditer(above)]
-    return levels[-1] if levels else 0
 
 
 def nest_headings(text: str, level: int) -> str:
     """``text``'s headings (outside fenced code) moved down so that its top one is at ``level``
     + 1, as a subsection of where it is shown (at most level 6)."""
-    fenced = [range(m.start(), m.end()) for m in FENCE.finditer(text)]
-    found = [m for m in HEADING.finditer(text) if not any(m.start() in r for r in fenced)]
+    found = list(HEADING.finditer(prose(text)))  # offsets kept: they point into text
     if not found:
         return text
     shift = level + 1 - min(len(m.group(1)) for m in found)
