@@ -49,17 +49,12 @@ REPEATS = 21  # make bench-kernels' repeats
 FLUSH = 16 << 20  # floats written between calls: 64 MiB, twice this machine's last-level cache
 
 
-def resnet18_shapes(width: int) -> list[tuple[int, int]]:
+def resnet18_matrices(width: int) -> tuple[list[tuple[int, int]], list[bool]]:
     """ResNet-18's (CIFAR-10 head, first stage ``width`` channels) matrix-shaped layers as the
-    hook views them: (n, -1)."""
+    hook views them, (n, -1), and which of them are convolution kernels (AdaComp's conv bins)."""
     model = models.build("resnet18", num_classes=10, width=width)
-    return [(p.shape[0], p[0].numel()) for p in model.parameters() if p.ndim > 1]
-
-
-def resnet18_convs(width: int) -> list[bool]:
-    """Which of :func:`resnet18_shapes`' layers are convolution kernels (AdaComp's conv bins)."""
-    model = models.build("resnet18", num_classes=10, width=width)
-    return [p.ndim >= 3 for p in model.parameters() if p.ndim > 1]
+    params = [p for p in model.parameters() if p.ndim > 1]
+    return [(p.shape[0], p[0].numel()) for p in params], [p.ndim >= 3 for p in params]
 
 
 def _layers(shapes: list[tuple[int, int]], scale: float, seed: int) -> list[torch.Tensor]:
@@ -83,7 +78,7 @@ def passes(width: int) -> dict[str, Callable[[], Callable[[], list[torch.Tensor]
     from compression import _topk_kernel as topk  # noqa: PLC0415
     from compression.exchange import layout  # noqa: PLC0415
 
-    shapes = resnet18_shapes(width)
+    shapes, convs = resnet18_matrices(width)
     grads = _layers(shapes, 1e-3, 0)
     made: dict[str, Callable[[], Callable[[], list[torch.Tensor]]]] = {}
 
@@ -146,8 +141,6 @@ def passes(width: int) -> dict[str, Callable[[], Callable[[], list[torch.Tensor]
             psgd.expand(lib, outs, ps, qts)
             return outs
         return _restored(call, [])
-
-    convs = resnet18_convs(width)
 
     def adacomp_state(bins: tuple[int, int], seed: int) -> dict[str, Any]:
         """A worker's AdaComp kernel arguments after one step (residues, owed bits and scales
@@ -265,12 +258,15 @@ def write(rows: list[dict[str, Any]], load: list[float], context: dict[str, Any]
         for row in rows:
             writer.writerow([row["pass"], f"{row['baseline']:.3f}", f"{row['this']:.3f}",
                              f"{row['baseline'] / row['this']:.3f}", row["same bits"]])
-    only = f" PASSES={context['only']}" if context["only"] else ""
-    command = (f"make bench-kernels BASELINE={context['baseline_ref']}{only}` (python -m "
-               f"benchmarks.kernel_ab)" if context["repeats"] == REPEATS else
-               f"python -m benchmarks.kernel_ab --baseline {context['baseline_ref']} --repeats "
-               f"{context['repeats']}" + (f" --only {context['only']}" if only else "") + "`")
-    lines = [f"Command: `{command}, {context['minutes']:.1f} min; this side "
+    if context["repeats"] == REPEATS:
+        only = f" PASSES={context['only']}" if context["only"] else ""
+        command = (f"`make bench-kernels BASELINE={context['baseline_ref']}{only}` (python -m "
+                   f"benchmarks.kernel_ab)")
+    else:
+        only = f" --only {context['only']}" if context["only"] else ""
+        command = (f"`python -m benchmarks.kernel_ab --baseline {context['baseline_ref']} "
+                   f"--repeats {context['repeats']}{only}`")
+    lines = [f"Command: {command}, {context['minutes']:.1f} min; this side "
              f"{context['this']}, baseline {context['baseline']}; {context['made_by']}. "
              f"ResNet-18's matrix-shaped layers (width {context['width']}), one thread, inputs "
              f"from memory (caches filled with other data before each call), median of "
