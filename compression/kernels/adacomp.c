@@ -434,6 +434,18 @@ AVX2 static inline __attribute__((always_inline)) void add_group(
     __m256 g_q = _mm256_castsi256_ps(_mm256_and_si256(lanes_of(sent), signed_v));
     store_first(to, first ? g_q : _mm256_add_ps(_mm256_loadu_ps(to), g_q), len);
 }
+/* add_group over len elements from to (bytes: their groups' sent bytes, the sign bytes size
+   bytes on): the whole groups, then a short last one's own lanes. */
+AVX2 static inline __attribute__((always_inline)) void add_groups(
+        float *to, const uint8_t *bytes, int64_t size, int64_t len, __m256i value,
+        __m256i sign_mask, int first) {
+    const int64_t full = len / 8;
+    for (int64_t g = 0; g < full; ++g)
+        add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, first, 8);
+    if (len % 8)
+        add_group(to + 8 * full, bytes[full], bytes[size + full], value, sign_mask, first,
+                  len % 8);
+}
 /* add_range, eight lanes at a time; the whole bins of the range in a loop of their own. v is
    +0, positive or NaN: its sign is flipped only where v != +0, so that no g_q is -0 and the
    first worker's values need no 0 + g_q. */
@@ -445,27 +457,17 @@ AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
     int64_t bin = start / bin_size, offset = start - bin * bin_size;
     const uint8_t *bytes = sent + bin * per_bin + offset / 8;
     if (offset == 0) {                                       /* whole bins */
-        const int64_t whole = (stop - start) / bin_size, last = per_bin - 1;
-        const int64_t tail = bin_size - 8 * last;            /* the last group's length */
-        for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin) {
-            for (int64_t g = 0; g < last; ++g)
-                if (first)
-                    add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, 1, 8);
-                else
-                    add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, 0, 8);
-            add_group(to + 8 * last, bytes[last], bytes[size + last], value, sign_mask, first,
-                      tail);
-        }
+        const int64_t whole = (stop - start) / bin_size;
+        for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin)
+            if (first)
+                add_groups(to, bytes, size, bin_size, value, sign_mask, 1);
+            else
+                add_groups(to, bytes, size, bin_size, value, sign_mask, 0);
         start += whole * bin_size, bin += whole;
     }
     for (int64_t len = bin_size - offset; start < stop; start += len, len = bin_size) {
         len = len < stop - start ? len : stop - start;       /* this bin's part */
-        const int64_t full = len / 8;
-        for (int64_t g = 0; g < full; ++g)
-            add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, first, 8);
-        if (len % 8)
-            add_group(to + 8 * full, bytes[full], bytes[size + full], value, sign_mask, first,
-                      len % 8);
+        add_groups(to, bytes, size, len, value, sign_mask, first);
         to += len;
         bytes = sent + ++bin * per_bin;
     }
