@@ -459,7 +459,7 @@ AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
     if (offset == 0) {                                       /* whole bins */
         const int64_t whole = (stop - start) / bin_size;
         for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin)
-            if (first)
+            if (first)                          /* first as a constant in each inlined copy */
                 add_groups(to, bytes, size, bin_size, value, sign_mask, 1);
             else
                 add_groups(to, bytes, size, bin_size, value, sign_mask, 0);
