@@ -60,6 +60,7 @@ from benchmarks.netns import lo_tx_bytes
 from benchmarks.ranks import run_ranks
 from compression.comm import all_gather_single
 from compression.hook import comm_hook
+from core.process import exit_without_teardown
 
 BUCKET_CAP_MB = 25  # run.py's default (conf/trainer/default.yaml)
 LATENCY_REPEATS = 20
@@ -394,9 +395,13 @@ def main() -> None:
         dist.init_process_group("gloo", timeout=timedelta(seconds=120))
         results = [run_rank(dist.get_rank(), dist.get_world_size(), spec)]
         dist.destroy_process_group()
-    else:
-        results = run_ranks(run_rank, int(spec.get("world_size", 2)), (spec,),
-                            timeout_s=float(spec.get("timeout_s", 3600)))
+        out_path.write_text(json.dumps(results))
+        # As run.py ends: a gloo worker frees the last collective's tensors (taking the GIL)
+        # after wait() returns, and aborts the rank if the interpreter is finalizing by then
+        # (a core dump of such a rank 1: ~AsyncAllgatherWork -> take_gil -> thread exit).
+        exit_without_teardown(0)
+    results = run_ranks(run_rank, int(spec.get("world_size", 2)), (spec,),
+                        timeout_s=float(spec.get("timeout_s", 3600)))
     out_path.write_text(json.dumps(results))
 
 
