@@ -68,6 +68,7 @@ from benchmarks.ranks import run_ranks
 from compression.comm import Pending, Timer, drive
 from compression.hook import aggregate_bucket, comm_hook
 from core import provenance
+from core.process import exit_without_teardown
 
 OUT = Path("results/bench")
 ROOT = Path(__file__).resolve().parents[1]
@@ -623,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device == "cuda"
     if args.worker:
         worker(args.width, torch.device("cuda", 0) if cuda else CPU)
-        return 0
+        exit_without_teardown(0)  # every reply is out; gloo's threads may abort a teardown
     if args.programs:
         spec_path, out_path = args.programs
         out_path.write_text(json.dumps(programs(json.loads(spec_path.read_text()))))

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.process import exit_without_teardown
+
 COMPRESSORS = ("none", "powersgd", "topk", "adacomp", "ef_signsgd")
 LEARNERS = (1, 8, 32, 128)
 STEPS = 3
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(measure(args.one[0], int(args.one[1]))))
-        return 0
+        exit_without_teardown(0)  # the line is out; gloo's threads may abort a teardown
     frame = run_all(args.jobs)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "simulated_memory.csv", index=False)
