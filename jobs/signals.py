@@ -49,6 +49,16 @@ import torch.distributed as dist
 from core.errors import ConfigError
 
 ALLOWED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT")
+# Slurm sends the tasks SIGCONT along with the signals it gives a job step (seen here with the
+# time-limit warning and a requeue's SIGTERM; its CI log too), and submitit's handler for it only
+# logs ("Bypassing signal SIGCONT"). A log call from
+# a Python signal handler that lands while the process writes a line to a buffered file (Hydra's
+# run.log) fails as a reentrant write, and logging prints a "--- Logging error ---" traceback
+# into the task's log (chained to the exception being handled: after a preemption, the
+# Preempted line again). So under submitit SIGCONT keeps its default action (continue a stopped
+# process, nothing else), and a process ending after a preemption ignores these and the
+# preemption signals: its checkpoint is written, nothing they ask for can still happen.
+QUIET = (signal.SIGCONT, *(signal.Signals[name] for name in ALLOWED))
 # Under submitit, noted from the task's start, with submitit's own signal (see the module doc).
 STARTUP = (signal.SIGUSR1,)
 _state: dict[str, Any] = {"shielded": False, "deferring": False, "requested": 0,
@@ -96,13 +106,15 @@ def submitit_signal() -> signal.Signals:
 def install() -> None:
     """Outside the training loop: SIGTERM ends the run at once. Under submitit (whose SIGTERM
     handler stays), submitit's signal and :data:`STARTUP` are noted from here on, and let through
-    if the task held them (see the module doc)."""
+    if the task held them (see the module doc), and SIGCONT is left to its default action
+    (:data:`QUIET`)."""
     if not under_submitit():
         signal.signal(signal.SIGTERM, _on_signal)
         return
     held = (submitit_signal(), *STARTUP)
     _note(held)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)  # not submitit's log line: see QUIET
 
 
 def _note(signums: Sequence[int]) -> None:
@@ -185,7 +197,10 @@ def exit_preempted(preempted: Preempted, rank: int) -> None:
     """End this process after a preemption (its checkpoint written, the process group shut
     down). Under submitit, rank 0 takes submitit's own path (the launcher's ``checkpoint()``,
     then the cluster's requeue; it exits the process), except after SIGTERM; every other case
-    exits with the signal's status (128 + its number)."""
+    exits with the signal's status (128 + its number). :data:`QUIET` are ignored to the exit
+    (the requeue's SIGCONT and SIGTERM, a second warning)."""
+    for signum in QUIET:  # process-wide (torch's threads take signals the main thread blocks)
+        signal.signal(signum, signal.SIG_IGN)
     handler: Callable[[int, FrameType | None], None] | None = _state["requeue"]
     if rank == 0 and handler is not None and preempted.signum != signal.SIGTERM:
         handler(preempted.signum, None)
