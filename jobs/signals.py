@@ -51,13 +51,13 @@ from core.errors import ConfigError
 ALLOWED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT")
 # Slurm sends the tasks SIGCONT along with the signals it gives a job step (seen here with the
 # time-limit warning and a requeue's SIGTERM; its CI log too), and submitit's handler for it only
-# logs ("Bypassing signal SIGCONT"). A log call from
-# a Python signal handler that lands while the process writes a line to a buffered file (Hydra's
-# run.log) fails as a reentrant write, and logging prints a "--- Logging error ---" traceback
-# into the task's log (chained to the exception being handled: after a preemption, the
-# Preempted line again). So under submitit SIGCONT keeps its default action (continue a stopped
-# process, nothing else), and a process ending after a preemption ignores these and the
-# preemption signals: its checkpoint is written, nothing they ask for can still happen.
+# logs ("Bypassing signal SIGCONT"). A log call from a Python signal handler that lands while the
+# process writes a line to a buffered file (Hydra's run.log) fails as a reentrant write, and
+# logging prints a "--- Logging error ---" traceback into the task's log (chained to the
+# exception being handled: after a preemption, the Preempted line again). So under submitit
+# SIGCONT keeps its default action (continue a stopped process, nothing else), and a process
+# ending after a preemption ignores these and the preemption signals: its checkpoint is written,
+# nothing they ask for can still happen.
 QUIET = (signal.SIGCONT, *(signal.Signals[name] for name in ALLOWED))
 # Under submitit, noted from the task's start, with submitit's own signal (see the module doc).
 STARTUP = (signal.SIGUSR1,)
