@@ -89,8 +89,10 @@ ALWAYS float lane_sum(vec a) {
    memory). The rows share each load of Q^T and Q_o^T (at rank 2 and more, ResNet-18's widest
    Q^T no longer fits in L1: two rows read it from L2 half as often as one; kernel_ab: project
    1.1-1.2x faster at ranks 2 and 4), and each row's sums run as they would alone. rows and kb
-   are constants where this is inlined, so the accumulators stay in registers. */
-ALWAYS void project_rows(float *e, const float *g, int64_t i0, const int rows,
+   are constants where this is inlined, so the accumulators stay in registers. The next rows'
+   first `ahead` rows of M (g and e, or where M is read from) are prefetched at the same
+   columns, a cache line at a time, as back_rows does: each row is a stream starting cold. */
+ALWAYS void project_rows(float *e, const float *g, int64_t i0, const int rows, int64_t ahead,
                          int64_t m, const int make, const float *qt, int64_t k0, const int kb,
                          const float *p_o, const float *qt_o, int64_t r_o, float *p, int64_t r) {
     vec acc[PROJECT_ROWS][KB] = {{{0.0f}}};
@@ -119,6 +121,16 @@ ALWAYS void project_rows(float *e, const float *g, int64_t i0, const int rows,
         } else {                                                                              \
             for (int b = 0; b < rows; ++b) x[b] = load(mr[b], j, m, whole);                   \
         }                                                                                     \
+        if ((j) % PREFETCH == 0)                                                              \
+            for (int64_t b = 0; b < ahead; ++b) {                                             \
+                const int64_t at = (i0 + rows + b) * m + (j);                                 \
+                if (make) {                                       /* read g, write e */       \
+                    __builtin_prefetch(g + at, 0, 2);                                         \
+                    __builtin_prefetch(e + at, 1, 2);                                         \
+                } else {                                                                      \
+                    __builtin_prefetch((e ? e : g) + at, 0, 2);                               \
+                }                                                                             \
+            }                                                                                 \
         for (int k = 0; k < kb; ++k) {                                /* P = M Q */           \
             const vec q = load(qt + (k0 + k) * m, j, m, whole);                               \
             for (int b = 0; b < rows; ++b) acc[b][k] = acc[b][k] + x[b] * q;                  \
@@ -136,9 +148,11 @@ ALWAYS void project_rows(float *e, const float *g, int64_t i0, const int rows,
 ALWAYS void project(float *e, const float *g, int64_t n, int64_t m, int64_t r, const float *qt,
                     const float *p_o, const float *qt_o, int64_t r_o, float *p) {
     int64_t i = 0;
-#define SWEEP(rows, kb) project_rows(e, g, i, rows, m, make, qt, k0, kb, p_o, qt_o, r_o, p, r)
-#define SWEEPS(rows)                                                                          \
-    for (int64_t k0 = 0; k0 < r; k0 += KB) {                                                  \
+#define SWEEP(rows, kb)                                                                       \
+    project_rows(e, g, i, rows, k0 + (kb) >= r ? ahead : 0, m, make, qt, k0, kb, p_o, qt_o,   \
+                 r_o, p, r)
+#define SWEEPS(rows, rows_ahead)                                                              \
+    for (int64_t k0 = 0, ahead = (rows_ahead); k0 < r; k0 += KB) {                            \
         const int make = e && k0 == 0;                                                        \
         switch (r - k0) {                                                                     \
             case 1: SWEEP(rows, 1); break;                                                    \
@@ -147,8 +161,11 @@ ALWAYS void project(float *e, const float *g, int64_t n, int64_t m, int64_t r, c
             default: SWEEP(rows, KB);                                                         \
         }                                                                                     \
     }
-    for (; i + PROJECT_ROWS <= n; i += PROJECT_ROWS) SWEEPS(PROJECT_ROWS)
-    for (; i < n; ++i) SWEEPS(1)
+    for (; i + PROJECT_ROWS <= n; i += PROJECT_ROWS) {
+        const int64_t left = n - i - PROJECT_ROWS;
+        SWEEPS(PROJECT_ROWS, left < PROJECT_ROWS ? left : PROJECT_ROWS)
+    }
+    for (; i < n; ++i) SWEEPS(1, 0)
 #undef SWEEP
 #undef SWEEPS
 }
