@@ -156,44 +156,56 @@ def copy_pass(buckets: list[Bucket]) -> Callable[[], None]:
     return lambda: [c.copy_(g) for c, g in zip(copies, grads, strict=True)] and None
 
 
-def floor_pass(buckets: list[Bucket], read_m: bool, ratio: float | None = None
-               ) -> Callable[[], None]:
+# Each floor's passes, as the algorithm's collectives order them: a phase is what every
+# compressed layer of a bucket does before the bucket's next collective can start (so a layer
+# meets its M again from cache only within a phase). "add": M = g + e, into the error memory
+# (reads two arrays, writes one); "read": a read of M; "message": the message written (2k
+# words); "decode": the message read; "write": the output written.
+FLOOR_PHASES = {
+    "psgd": (("add",), ("read",), ("write",)),      # P = M Q | all-reduce | Q = M^T P | ... | out
+    "topk": (("add", "read", "message"), ("decode", "write")),  # compress | all-gather | decode
+    "adacomp": (("add",), ("write",)),              # compress | all-gather | decode
+}
+
+
+def floor_ops(buckets: list[Bucket], phases: tuple[tuple[str, ...], ...],
+              ratio: float | None = None) -> list[tuple[str, Callable[[], Any]]]:
+    """The floor's streaming ops in the order a step runs them: bucket after bucket, within a
+    bucket phase after phase (:data:`FLOOR_PHASES`), within a phase layer after layer. Only the
+    compressed (matrix-shaped) layers take part, each with an error memory (and, with a Top-K
+    ``ratio``, a message) of its own. Returns (op name, op) pairs."""
+    ops: list[tuple[str, Callable[[], Any]]] = []
+    for bucket in buckets:
+        grads = [g.view(-1) for g in bucket.gradients() if g.ndim > 1]
+        errors = [torch.zeros_like(g) for g in grads]
+        messages = [g.new_empty(2 * max(1, math.floor((ratio or 0) * g.numel()))) for g in grads]
+        for phase in phases:
+            for g, e, message in zip(grads, errors, messages, strict=True):
+                made = {"add": lambda g=g, e=e: e.add_(g), "read": e.sum, "message": message.zero_,
+                        "decode": message.sum, "write": g.zero_}
+                ops += [(name, made[name]) for name in phase]
+    return ops
+
+
+def floor_pass(buckets: list[Bucket], phases: tuple[tuple[str, ...], ...],
+               ratio: float | None = None) -> Callable[[], None]:
     """The memory traffic a compressor's algorithm cannot avoid, as plain torch streaming ops
-    over the compressed (matrix-shaped) layers' gradients, each layer with an error memory of
-    its own (docs/performance.md, "How the compressors reach their speed"): ``add`` (M = g + e:
-    reads two arrays, writes one), ``sum`` (reads one), ``zero`` (writes one).
-
-    Every floor adds (M = g + e) and writes the output; ``read_m`` reads M once more (PowerSGD's
-    Q = M^T P, Top-K's pass that writes the message); a Top-K ``ratio`` also writes its message
-    (2k words) and reads it (decoding). AdaComp's floor is the add and the output alone.
-    """
-    grads = [g.view(-1) for b in buckets for g in b.gradients() if g.ndim > 1]
-    errors = [torch.zeros_like(g) for g in grads]
-    messages = [g.new_empty(2 * max(1, math.floor(ratio * g.numel()))) if ratio else None
-                for g in grads]
-
-    def step() -> None:
-        for g, e, message in zip(grads, errors, messages, strict=True):
-            e.add_(g)
-            if read_m:
-                e.sum()
-            if message is not None:
-                message.zero_().sum()
-            g.zero_()
-
-    return step
+    (:func:`floor_ops`) in the order its collectives force (docs/performance.md, "How the
+    compressors reach their speed")."""
+    ops = [op for _, op in floor_ops(buckets, phases, ratio)]
+    return lambda: [op() for op in ops] and None
 
 
 def floors(buckets: list[Bucket]) -> dict[str, tuple[str, str, Callable[[], None]]]:
     """Every floor of :data:`FLOORS` by key: (its table row's method, level, step)."""
-    found = {"floor-psgd": ("floor: PowerSGD's passes (M = g + e, read M, write out)", "-",
-                            floor_pass(buckets, read_m=True)),
-             "floor-adacomp": ("floor: AdaComp's passes (M = g + e, write out)", "-",
-                               floor_pass(buckets, read_m=False))}
+    found = {"floor-psgd": ("floor: PowerSGD's passes (M = g + e | read M | write out)", "-",
+                            floor_pass(buckets, FLOOR_PHASES["psgd"])),
+             "floor-adacomp": ("floor: AdaComp's passes (M = g + e | write out)", "-",
+                               floor_pass(buckets, FLOOR_PHASES["adacomp"]))}
     for ratio in TOPK_RATIOS:
-        found[f"floor-topk{ratio}"] = ("floor: Top-K's passes (M = g + e, read M, write and "
-                                       "read the message, write out)", f"ratio {ratio}",
-                                       floor_pass(buckets, read_m=True, ratio=ratio))
+        found[f"floor-topk{ratio}"] = ("floor: Top-K's passes (M = g + e, read M, write the "
+                                       "message | read it, write out)", f"ratio {ratio}",
+                                       floor_pass(buckets, FLOOR_PHASES["topk"], ratio))
     return found
 
 
@@ -743,7 +755,8 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
               "`x copy`: that work (for peers, their whole step) over one memory pass, `clone` "
               "or a copy into a used buffer (no page faults). `x peer`: whole step over the "
               "peer's. `floor`: the memory traffic the method's algorithm cannot avoid, timed "
-              "as plain torch streaming ops on the same layers (the `floor:` rows; "
+              "as plain torch streaming ops on the same layers, in the order the method's "
+              "collectives force (`|` between phases; the `floor:` rows; "
               "`floor x clone`: the floor in clone passes, `x floor`: the work over it); a goal "
               "below the floor is marked so. DDP rows: step time, 2 processes.", "",
               *_table(["method", "level", "ms / step", "compress + decompress ms", "x clone",

@@ -15,10 +15,12 @@ import torch
 
 from benchmarks import compressor_peers, kernel_ab
 from benchmarks.compressors import (
+    FLOOR_PHASES,
     FLOORS,
     GOALS,
     Recorder,
     compressor_methods,
+    floor_ops,
     floor_pass,
     goal_of,
     main,
@@ -151,12 +153,26 @@ def test_a_floor_makes_the_algorithms_passes() -> None:
     for b in buckets:
         b.restore()
     before = [g.clone() for g in grads]
-    for read_m, ratio in ((True, None), (False, None), (True, 0.1)):
+    for key, ratio in (("psgd", None), ("adacomp", None), ("topk", 0.1)):
         for b in buckets:
             b.restore()
-        floor_pass(buckets, read_m, ratio)()
+        floor_pass(buckets, FLOOR_PHASES[key], ratio)()
         for g, old in zip(grads, before, strict=True):
             assert torch.equal(g, torch.zeros_like(g) if g.ndim > 1 else old)
+
+
+def test_a_floor_orders_its_passes_as_the_collectives_do() -> None:
+    # Within a bucket, every layer takes a phase before any layer takes the next (PowerSGD's M
+    # is read after P's all-reduce, not from cache right after the add); buckets one by one.
+    _, buckets = resnet18_buckets(batch=2, width=4)
+    layers = [sum(g.ndim > 1 for g in b.gradients()) for b in buckets]
+    assert max(layers) > 1  # else any order would do
+    for key, ratio in (("psgd", None), ("adacomp", None), ("topk", 0.1)):
+        names = [name for name, _ in floor_ops(buckets, FLOOR_PHASES[key], ratio)]
+        expected = [op for count in layers for phase in FLOOR_PHASES[key]
+                    for _ in range(count) for op in phase]
+        assert names == expected, key
+    assert FLOOR_PHASES["psgd"] == (("add",), ("read",), ("write",))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
