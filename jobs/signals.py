@@ -30,7 +30,7 @@ task's first instruction (hydra_plugins/accordion_bench/task.py, before submitit
 job) and noted from :func:`install` on, so one that comes early stops the ranks at the training
 loop's first check, checkpointed and requeued, instead of killing the tasks or requeueing rank 0
 alone. After the loop submitit's handlers are back, unless the run ended by itself: then
-these signals are ignored to the task's exit (:func:`undefer`).
+these signals and :data:`QUIET` are ignored to the task's exit (:func:`undefer`).
 """
 
 from __future__ import annotations
@@ -159,16 +159,27 @@ def defer(names: Any) -> None:
 def undefer(ended: bool = False) -> None:
     """End :func:`defer` (and :func:`install`'s noting): the handlers before them again. Under
     submitit, a run that ``ended`` by itself (completed or diverged) ignores the preemption
-    signals instead, to the process's exit: nothing is left to checkpoint, and a time-limit
-    warning that Slurm sends late (it checks limits every 30 s or so, so the warning for a short
-    attempt may come after the run) would otherwise requeue a finished job through submitit's
-    handler, or kill the task while the interpreter exits (Python's finalization puts back the
-    default action, which terminates, for every signal with a Python handler; an ignored signal
-    stays ignored)."""
+    signals and :data:`QUIET` instead, to the process's exit: nothing is left to checkpoint, and
+    a time-limit warning that Slurm sends late (it checks limits every 30 s or so, so the
+    warning for a short attempt may come after the run) would otherwise requeue a finished job
+    through submitit's handler, or kill the task while the interpreter exits (Python's
+    finalization puts back the default action, which terminates, for every signal with a Python
+    handler; an ignored signal stays ignored); submitit's SIGTERM handler, where SIGTERM is not a
+    preemption signal of the run, would log from inside a signal handler (see QUIET)."""
     _state["deferring"], _state["requested"], _state["signals"] = False, 0, ()
-    for signum, handler in _state["before"].items():
-        signal.signal(signum, signal.SIG_IGN if ended and under_submitit() else handler)
+    if ended and under_submitit():
+        _ignore((*_state["before"], *QUIET))
+    else:
+        for signum, handler in _state["before"].items():
+            signal.signal(signum, handler)
     _state["before"] = {}
+
+
+def _ignore(signums: Sequence[int]) -> None:
+    """Ignore ``signums`` from now on, process-wide (torch's threads take signals the main
+    thread blocks)."""
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def requested() -> int:
@@ -199,8 +210,7 @@ def exit_preempted(preempted: Preempted, rank: int) -> None:
     then the cluster's requeue; it exits the process), except after SIGTERM; every other case
     exits with the signal's status (128 + its number). :data:`QUIET` are ignored to the exit
     (the requeue's SIGCONT and SIGTERM, a second warning)."""
-    for signum in QUIET:  # process-wide (torch's threads take signals the main thread blocks)
-        signal.signal(signum, signal.SIG_IGN)
+    _ignore(QUIET)
     handler: Callable[[int, FrameType | None], None] | None = _state["requeue"]
     if rank == 0 and handler is not None and preempted.signum != signal.SIGTERM:
         handler(preempted.signum, None)
