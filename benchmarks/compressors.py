@@ -198,13 +198,13 @@ def floor_pass(buckets: list[Bucket], phases: tuple[tuple[str, ...], ...],
 
 def floors(buckets: list[Bucket]) -> dict[str, tuple[str, str, Callable[[], None]]]:
     """Every floor of :data:`FLOORS` by key: (its table row's method, level, step)."""
-    found = {"floor-psgd": ("floor: PowerSGD's passes (M = g + e | read M | write out)", "-",
+    found = {"floor-psgd": ("floor: PowerSGD's passes (M = g + e; read M; write out)", "-",
                             floor_pass(buckets, FLOOR_PHASES["psgd"])),
-             "floor-adacomp": ("floor: AdaComp's passes (M = g + e | write out)", "-",
+             "floor-adacomp": ("floor: AdaComp's passes (M = g + e; write out)", "-",
                                floor_pass(buckets, FLOOR_PHASES["adacomp"]))}
     for ratio in TOPK_RATIOS:
         found[f"floor-topk{ratio}"] = ("floor: Top-K's passes (M = g + e, read M, write the "
-                                       "message | read it, write out)", f"ratio {ratio}",
+                                       "message; read it, write out)", f"ratio {ratio}",
                                        floor_pass(buckets, FLOOR_PHASES["topk"], ratio))
     return found
 
@@ -756,7 +756,7 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
               "or a copy into a used buffer (no page faults). `x peer`: whole step over the "
               "peer's. `floor`: the memory traffic the method's algorithm cannot avoid, timed "
               "as plain torch streaming ops on the same layers, in the order the method's "
-              "collectives force (`|` between phases; the `floor:` rows; "
+              "collectives force (`;` between phases in the `floor:` rows; "
               "`floor x clone`: the floor in clone passes, `x floor`: the work over it); a goal "
               "below the floor is marked so. DDP rows: step time, 2 processes.", "",
               *_table(["method", "level", "ms / step", "compress + decompress ms", "x clone",
