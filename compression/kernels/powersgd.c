@@ -89,9 +89,9 @@ ALWAYS float lane_sum(vec a) {
    memory). The rows share each load of Q^T and Q_o^T (at rank 2 and more, ResNet-18's widest
    Q^T no longer fits in L1: two rows read it from L2 half as often as one; kernel_ab: project
    1.1-1.2x faster at ranks 2 and 4), and each row's sums run as they would alone. rows and kb
-   are constants where this is inlined, so the accumulators stay in registers. The next rows'
-   first `ahead` rows of M (g and e, or where M is read from) are prefetched at the same
-   columns, a cache line at a time, as back_rows does: each row is a stream starting cold. */
+   are constants where this is inlined, so the accumulators stay in registers. The `ahead` rows
+   after these (of g and e, or of the array M is read from) are prefetched at the same columns,
+   a cache line at a time, as back_rows does: each row is a stream starting cold. */
 ALWAYS void project_rows(float *e, const float *g, int64_t i0, const int rows, int64_t ahead,
                          int64_t m, const int make, const float *qt, int64_t k0, const int kb,
                          const float *p_o, const float *qt_o, int64_t r_o, float *p, int64_t r) {
