@@ -176,15 +176,18 @@ def floor_ops(buckets: list[Bucket], phases: tuple[tuple[str, ...], ...],
     ``ratio``, a message) of its own. Returns (op name, op) pairs."""
     ops: list[tuple[str, Callable[[], Any]]] = []
     for bucket in buckets:
-        grads = [g.view(-1) for g in bucket.gradients() if g.ndim > 1]
-        errors = [torch.zeros_like(g) for g in grads]
-        messages = [g.new_empty(2 * max(1, math.floor((ratio or 0) * g.numel()))) for g in grads]
-        for phase in phases:
-            for g, e, message in zip(grads, errors, messages, strict=True):
-                made = {"add": lambda g=g, e=e: e.add_(g), "read": e.sum, "message": message.zero_,
-                        "decode": message.sum, "write": g.zero_}
-                ops += [(name, made[name]) for name in phase]
+        layers = [_floor_layer(g.view(-1), ratio) for g in bucket.gradients() if g.ndim > 1]
+        ops += [(name, layer[name]) for phase in phases for layer in layers for name in phase]
     return ops
+
+
+def _floor_layer(g: torch.Tensor, ratio: float | None) -> dict[str, Callable[[], Any]]:
+    """One layer's floor ops by name (:data:`FLOOR_PHASES`), over its flat gradient ``g``, an
+    error memory and a message (2k words at a Top-K ``ratio``) of its own."""
+    e = torch.zeros_like(g)
+    message = g.new_empty(2 * max(1, math.floor((ratio or 0) * g.numel())))
+    return {"add": lambda: e.add_(g), "read": e.sum, "message": message.zero_,
+            "decode": message.sum, "write": g.zero_}
 
 
 def floor_pass(buckets: list[Bucket], phases: tuple[tuple[str, ...], ...],
