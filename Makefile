@@ -190,8 +190,9 @@ bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0
 	$(PY) -m benchmarks.tiny_speed $(ARGS)
 	@$(DOCS_REFRESH)
 
-bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}; on the CPU then each kernel pass of issue 27's methods -> results/bench/compressors_profile.{csv,md}
-	$(PY) -m benchmarks.compressors $(if $(BASELINE),--baseline $(BASELINE)) $(if $(DEVICE),--device $(DEVICE))
+ROUNDS ?= 3
+bench-compressors: $(VENV_STAMP) ## compressor speed on ResNet-18 gradients, ROUNDS=3 rounds one after another (each method's median round, its goal met in how many) [BASELINE=<git ref>: side by side with that commit's compressors] [DEVICE=cuda] -> results/bench/compressors{,_cuda}.{csv,md}; on the CPU then each kernel pass of issue 27's methods -> results/bench/compressors_profile.{csv,md}
+	$(PY) -m benchmarks.compressors --rounds $(ROUNDS) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(DEVICE),--device $(DEVICE))
 	$(if $(DEVICE),,$(PY) -m benchmarks.compressor_profile)
 	@$(DOCS_REFRESH)
 

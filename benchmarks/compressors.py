@@ -608,6 +608,25 @@ def table_rows(rows: list[dict[str, Any]], median: dict[str, dict[str, float]]
     return table
 
 
+def combine(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One side's table from its tables of several rounds: per method, the row of its median
+    round by ``x clone`` (the lower middle one for an even count), its ``x clone`` in every
+    round (``x_clone_rounds``), and its goal met in every round ("yes"), in none (the median
+    round's "no"), or "in k of N rounds"."""
+    table = {}
+    for key in rounds[0]:
+        rows = [r[key] for r in rounds]
+        row = dict(sorted(rows, key=lambda r: r["x_clone"])[(len(rows) - 1) // 2])
+        row["x_clone_rounds"] = " / ".join(f"{r['x_clone']:.2f}" for r in rows)
+        met = sum(r["met"] == "yes" for r in rows)
+        if row["goal"] and 0 < met < len(rows):
+            row["met"] = f"in {met} of {len(rows)} rounds"
+        elif row["goal"] and met == len(rows):
+            row["met"] = "yes"
+        table[key] = row
+    return table
+
+
 def goal_of(key: str, x_clone: float, x_peer: float | None, floor: float | None = None
             ) -> tuple[str, str]:
     """Issue 27's goal for method ``key`` and whether it is met; "no, below the floor" where
@@ -624,6 +643,10 @@ def goal_of(key: str, x_clone: float, x_peer: float | None, floor: float | None 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time everything this many times, round after round (this VM's "
+                             "memory speed drifts over minutes): each method's median round, "
+                             "and in how many rounds it met its goal")
     parser.add_argument("--ddp-steps", type=int, default=12)
     parser.add_argument("--baseline", metavar="REF", default=None,
                         help="also time the compressors of git commit REF, side by side")
@@ -636,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--programs", nargs=2, type=Path, metavar=("SPEC", "OUT"),
                         help="bench-e2e: write the compression programs of SPEC's model")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be a whole number of 1 or more, got {args.rounds}")
     cuda = args.device == "cuda"
     if args.worker:
         worker(args.width, torch.device("cuda", 0) if cuda else CPU)
@@ -654,14 +679,17 @@ def main(argv: list[str] | None = None) -> int:
         sides = [Side("this", ROOT, width_device)] + (
             [Side("baseline", tree, width_device)] if tree else [])
         try:
-            median, load = time_sides(sides, args.repeats)
+            rounds = [time_sides(sides, args.repeats) for _ in range(args.rounds)]
         finally:
             for side in sides:
                 side.close()
-    tables = {s.name: table_rows(s.rows, median[s.name]) for s in sides}
+    tables = {s.name: combine([table_rows(s.rows, median[s.name]) for median, _ in rounds])
+              for s in sides}
+    load = [x for _, loads in rounds for x in loads]
     ddp = (None if cuda and torch.cuda.device_count() < 2 else
            run_ranks(_ddp_steps, 2, (args.ddp_steps, 16, args.width, cuda))[0])
-    context = {"repeats": args.repeats, "width": args.width, "baseline": describe(args.baseline),
+    context = {"repeats": args.repeats, "rounds": args.rounds, "width": args.width,
+               "baseline": describe(args.baseline),
                "this": describe("HEAD") + (" + uncommitted changes"
                                             if provenance.code_changed() else ""),
                "device": args.device, "load_before": load_before, "made_by": made_by,
@@ -685,6 +713,9 @@ def describe(ref: str | None) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else ref
 
 
+# The full table's columns (row keys), in order.
+COLUMNS = ["method", "level", "ms", "compute_ms", "x_clone", "x_copy", "x_peer", "goal", "met",
+           "floor_x_clone", "x_floor"]
 FORMATS = {"ms": "{:.2f}", "compute_ms": "{:.2f}", "x_clone": "{:.2f}", "x_copy": "{:.2f}",
            "x_peer": "{:.2f}", "floor_x_clone": "{:.2f}", "x_floor": "{:.2f}"}
 
@@ -698,7 +729,7 @@ def ddp_rows(ddp: dict[str, float] | None, cuda: bool) -> list[dict[str, Any]]:
     """The table's rows of the 2-process DDP comparison (``ddp`` None: skipped, fewer than 2
     GPUs)."""
     blank = {"ms": "", "compute_ms": "", "x_clone": "", "x_copy": "", "x_peer": "", "goal": "",
-             "met": "", "floor_x_clone": "", "x_floor": ""}
+             "met": "", "floor_x_clone": "", "x_floor": "", "x_clone_rounds": ""}
     methods = ("DDP step, built-in all-reduce", "DDP step, ours none hook")
     if ddp is None:
         return [{"method": m, "level": "skipped: needs 2 GPUs", **blank} for m in methods]
@@ -728,8 +759,11 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
     load = context["load"]
     where = (f"{torch.cuda.get_device_name(0)}, a world-size-1 NCCL group" if cuda
              else "a world-size-1 gloo group, 1 thread")
+    several = context["rounds"] > 1
+    per_round = (f" in each of {context['rounds']} rounds, one after another; each method's row "
+                 f"is its median round by `x clone`" if several else "")
     lines = [f"ResNet-18 gradients ({_size(context['width'])}), 1 worker ({where}); "
-             f"median of {context['repeats']} interleaved repeats. This side: "
+             f"median of {context['repeats']} interleaved repeats{per_round}. This side: "
              f"{context['this']}." + (f" Baseline: {context['baseline']} (each method on both "
                                       f"sides back to back, the sides taking turns going first)."
                                       if context["baseline"] else "") +
@@ -745,10 +779,12 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
                   "memory passes (`x clone`), baseline and this side measured in the same run; "
                   "`x peer`: whole step over PyTorch's hook.", "",
                   *_table(["method", "level", "baseline ms", "this ms", "baseline x clone",
-                           "this x clone", "speed-up", "this x peer", "goal", "met",
-                           "floor x clone", "this x floor"],
+                           "this x clone", *(["this x clone per round"] if several else []),
+                           "speed-up", "this x peer", "goal", "met", "floor x clone",
+                           "this x floor"],
                           [[b["method"], b["level"], _cells(b)["compute_ms"],
                             _cells(t)["compute_ms"], _cells(b)["x_clone"], _cells(t)["x_clone"],
+                            *([t["x_clone_rounds"]] if several else []),
                             f"{b['compute_ms'] / t['compute_ms']:.2f}x", _cells(t)["x_peer"],
                             t["goal"], t["met"], _cells(t)["floor_x_clone"],
                             _cells(t)["x_floor"]] for b, t in pairs]), ""]
@@ -761,10 +797,15 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
               "as plain torch streaming ops on the same layers, in the order the method's "
               "collectives force (`;` between phases in the `floor:` rows; "
               "`floor x clone`: the floor in clone passes, `x floor`: the work over it); a goal "
-              "below the floor is marked so. DDP rows: step time, 2 processes.", "",
+              "below the floor is marked so. DDP rows: step time, 2 processes." + (
+                  " `x clone per round`: each round's; `met`: in every round (yes), in none "
+                  "(no), or in how many." if several else ""), "",
               *_table(["method", "level", "ms / step", "compress + decompress ms", "x clone",
-                       "x copy", "x peer", "goal", "met", "floor x clone", "x floor"],
-                      [list(_cells(row).values()) for row in this + ddp_part])]
+                       "x copy", "x peer", "goal", "met", "floor x clone", "x floor",
+                       *(["x clone per round"] if several else [])],
+                      [[_cells(row)[field] for field in COLUMNS + (["x_clone_rounds"]
+                                                                   if several else [])]
+                       for row in this + ddp_part])]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
