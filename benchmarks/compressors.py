@@ -611,8 +611,8 @@ def table_rows(rows: list[dict[str, Any]], median: dict[str, dict[str, float]]
 def combine(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """One side's table from its tables of several rounds: per method, the row of its median
     round by ``x clone`` (the lower middle one for an even count), its ``x clone`` in every
-    round (``x_clone_rounds``), and its goal met in every round ("yes"), in none (the median
-    round's "no"), or "in k of N rounds"."""
+    round (``x_clone_rounds``), and its goal met in every round or in none (the median round's
+    own "yes" or "no"), or "in k of N rounds"."""
     table = {}
     for key in rounds[0]:
         rows = [r[key] for r in rounds]
@@ -621,8 +621,6 @@ def combine(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]
         met = sum(r["met"] == "yes" for r in rows)
         if row["goal"] and 0 < met < len(rows):
             row["met"] = f"in {met} of {len(rows)} rounds"
-        elif row["goal"] and met == len(rows):
-            row["met"] = "yes"
         table[key] = row
     return table
 
@@ -760,6 +758,7 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
     where = (f"{torch.cuda.get_device_name(0)}, a world-size-1 NCCL group" if cuda
              else "a world-size-1 gloo group, 1 thread")
     several = context["rounds"] > 1
+    fields = COLUMNS + (["x_clone_rounds"] if several else [])  # the full table's
     per_round = (f" in each of {context['rounds']} rounds, one after another; each method's row "
                  f"is its median round by `x clone`" if several else "")
     lines = [f"ResNet-18 gradients ({_size(context['width'])}), 1 worker ({where}); "
@@ -803,9 +802,8 @@ def write(tables: dict[str, dict[str, dict[str, Any]]], ddp: dict[str, float] | 
               *_table(["method", "level", "ms / step", "compress + decompress ms", "x clone",
                        "x copy", "x peer", "goal", "met", "floor x clone", "x floor",
                        *(["x clone per round"] if several else [])],
-                      [[_cells(row)[field] for field in COLUMNS + (["x_clone_rounds"]
-                                                                   if several else [])]
-                       for row in this + ddp_part])]
+                      [[cells[field] for field in fields]
+                       for cells in map(_cells, this + ddp_part)])]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
