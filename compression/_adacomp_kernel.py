@@ -23,8 +23,10 @@ takes sign(G) s off as it reads the element, with the same float operation the e
 at once, so every later value has the same bits. :func:`settle` pays what is owed (before a
 checkpoint, a bin size change, or the eager path).
 
-On x86-64 CPUs with AVX2 both run eight lanes at a time, without branches; elsewhere portable
-loops do the same. The decompress builds the output in an L1 block and streams it out (AVX2).
+On x86-64 CPUs with AVX2 both run eight lanes at a time, without branches, the decompress with
+AVX-512 (F and BW) sixteen, a pair of groups' bytes one mask register (where AVX2 spreads a
+byte's bits over eight lanes through a table); elsewhere portable loops do the same. The
+decompress builds the output in an L1 block and streams it out (AVX2).
 The results are bit-identical to the eager path (tested): the same float operations, rounded
 alike and summed in the same order; the max is exact (taken on the bit patterns of |G|, which
 order as the floats do).

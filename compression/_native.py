@@ -38,6 +38,9 @@ KERNELS = Path(__file__).with_name("kernels")
 # Set in the environment, this variable makes use_avx2() (kernels/prelude.h) false: the tests'
 # way to run the portable loops on any machine.
 PORTABLE_ENV = "ACCORDION_BENCH_PORTABLE"
+# Set in the environment, this variable makes use_avx512() false: the tests' way to run the AVX2
+# paths on a CPU with AVX-512.
+NO_AVX512_ENV = "ACCORDION_BENCH_NO_AVX512"
 
 
 def compiler() -> str | None:
@@ -57,7 +60,8 @@ class Library:
     def __init__(self, name: str, functions: dict[str, Signature],
                  defines: dict[str, int] | None = None) -> None:
         self.name, self.functions = name, functions
-        macros = {"PORTABLE_ENV": f'"{PORTABLE_ENV}"', **(defines or {})}
+        macros = {"PORTABLE_ENV": f'"{PORTABLE_ENV}"', "NO_AVX512_ENV": f'"{NO_AVX512_ENV}"',
+                  **(defines or {})}
         self.flags = (*FLAGS, *(f"-D{macro}={value}" for macro, value in macros.items()))
         self._lib: ctypes.CDLL | None = None
         self._tried = False

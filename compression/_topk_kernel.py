@@ -14,7 +14,9 @@ are largest)::
              their values and indices go to the message, and e = 0 there
 
     topk_decompress   out = (1/W) sum_w sparse_w, block by block: each block summed in an L1
-                      buffer, then streamed out (out is only written: no read for ownership)
+                      buffer, then streamed out (out is only written: no read for ownership);
+                      a list that keeps 9 entries in 10 or more is added a vector at a time
+                      where 8 indices in a row are consecutive (AVX2), else entry by entry
 
 A layer of SAMPLED_MIN elements or more skips the histogram of every element (about as costly
 as the add itself) and pass 2: a sample of SAMPLE entries of acc (read at fixed pseudo-random

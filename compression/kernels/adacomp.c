@@ -394,12 +394,13 @@ static void add_range(float *to, int64_t start, int64_t stop, int64_t bin_size,
 
 /* out (n elements in bins of bin_size) = sum over workers of sign v[w] where worker w sent:
    its sent bytes at sent[w], its sign bytes size bytes after. Built in an L1 block, a piece
-   (whole bins, or part of a long bin) at a time, and streamed out. */
+   (whole bins, or part of a long bin) at a time, and streamed out; 16 floats of room past
+   the block for add_groups512's spill. */
 static inline __attribute__((always_inline)) void decompress_layer(
         float *out, int64_t n, int64_t bin_size, int64_t world, const uint8_t *const *sent,
         int64_t size, const float *v, add_fn *add, store_fn *store) {
     enum { BLOCK = 4096, PIECE = 2048 };
-    float block[BLOCK + 8];
+    float block[BLOCK + 16];
     int64_t per_bin = groups(bin_size), begin = 0;           /* out[begin] is block[0] */
     int64_t step = bin_size <= PIECE ? PIECE / bin_size * bin_size : PIECE;
     for (int64_t start = 0; start < n;) {
@@ -437,8 +438,9 @@ AVX2 static inline __attribute__((always_inline)) void add_group(
 /* add_group over len elements from to (bytes: their groups' sent bytes, the sign bytes size
    bytes on): the whole groups, then a short last one's own lanes. */
 AVX2 static inline __attribute__((always_inline)) void add_groups(
-        float *to, const uint8_t *bytes, int64_t size, int64_t len, __m256i value,
-        __m256i sign_mask, int first) {
+        float *to, const uint8_t *bytes, int64_t size, int64_t len, float v, int first) {
+    const __m256i sign_mask = _mm256_set1_epi32(bits(v) ? (int32_t)0x80000000u : 0);
+    const __m256i value = _mm256_set1_epi32((int32_t)bits(v));
     const int64_t full = len / 8;
     for (int64_t g = 0; g < full; ++g)
         add_group(to + 8 * g, bytes[g], bytes[size + g], value, sign_mask, first, 8);
@@ -446,35 +448,90 @@ AVX2 static inline __attribute__((always_inline)) void add_groups(
         add_group(to + 8 * full, bytes[full], bytes[size + full], value, sign_mask, first,
                   len % 8);
 }
-/* add_range, eight lanes at a time; the whole bins of the range in a loop of their own. v is
-   +0, positive or NaN: its sign is flipped only where v != +0, so that no g_q is -0 and the
-   first worker's values need no 0 + g_q. */
-AVX2 static inline void add_range_avx2(float *to, int64_t start, int64_t stop,
-                                       int64_t bin_size, int64_t per_bin, const uint8_t *sent,
-                                       int64_t size, float v, int first) {
-    const __m256i sign_mask = _mm256_set1_epi32(bits(v) ? (int32_t)0x80000000u : 0);
-    const __m256i value = _mm256_set1_epi32((int32_t)bits(v));
+/* add_range's walk over the bins of [start, stop), a bin's part at a time to groups (add_groups
+   or add_groups512, inlined); the whole bins in a loop of their own, with first a constant in
+   each inlined copy. v is +0, positive or NaN: its sign is flipped only where v != +0, so that
+   no g_q is -0 and the first worker's values need no 0 + g_q. */
+typedef void groups_fn(float *to, const uint8_t *bytes, int64_t size, int64_t len, float v,
+                       int first);
+static inline __attribute__((always_inline)) void add_bins(
+        float *to, int64_t start, int64_t stop, int64_t bin_size, int64_t per_bin,
+        const uint8_t *sent, int64_t size, float v, int first, groups_fn *groups) {
     int64_t bin = start / bin_size, offset = start - bin * bin_size;
     const uint8_t *bytes = sent + bin * per_bin + offset / 8;
     if (offset == 0) {                                       /* whole bins */
         const int64_t whole = (stop - start) / bin_size;
         for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin)
-            if (first)                          /* first as a constant in each inlined copy */
-                add_groups(to, bytes, size, bin_size, value, sign_mask, 1);
+            if (first)
+                groups(to, bytes, size, bin_size, v, 1);
             else
-                add_groups(to, bytes, size, bin_size, value, sign_mask, 0);
+                groups(to, bytes, size, bin_size, v, 0);
         start += whole * bin_size, bin += whole;
     }
     for (int64_t len = bin_size - offset; start < stop; start += len, len = bin_size) {
         len = len < stop - start ? len : stop - start;       /* this bin's part */
-        add_groups(to, bytes, size, len, value, sign_mask, first);
+        groups(to, bytes, size, len, v, first);
         to += len;
         bytes = sent + ++bin * per_bin;
     }
 }
+AVX2 static void add_range_avx2(float *to, int64_t start, int64_t stop, int64_t bin_size,
+                                int64_t per_bin, const uint8_t *sent, int64_t size, float v,
+                                int first) {
+    add_bins(to, start, stop, bin_size, per_bin, sent, size, v, first, add_groups);
+}
 AVX2 static void decompress_avx2(float *out, int64_t n, int64_t bin_size, int64_t world,
                                  const uint8_t *const *sent, int64_t size, const float *v) {
     decompress_layer(out, n, bin_size, world, sent, size, v, add_range_avx2, stream_floats);
+}
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx2,popcnt")))
+/* The masks of the 16 elements from group g (bytes[g] and bytes[g + 1]: lane l is bit l of
+   the pair, read as one little-endian 16-bit word), or of its first len < 16 elements. */
+static inline __mmask16 pair_bits(const uint8_t *bytes, int64_t len) {
+    uint16_t word = bytes[0];
+    if (len > 8) word |= (uint16_t)(bytes[1] << 8);
+    return (__mmask16)word;
+}
+/* add_groups in sixteen lanes: two groups' bytes are one mask register each (sent, and
+   negative), so no lane table; the same values, so the same bits. */
+AVX512 static inline __attribute__((always_inline)) void add_lanes(
+        float *to, __mmask16 sent, __mmask16 negative, __m512i value, __m512i sign_mask,
+        int first) {
+    __m512 g_q = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(     /* sign v where sent, or +0 */
+        sent, _mm512_mask_xor_epi32(value, negative, value, sign_mask)));
+    _mm512_storeu_ps(to, first ? g_q : _mm512_add_ps(_mm512_loadu_ps(to), g_q));
+}
+/* add_lanes over len elements from to, 16 at a time; a bin's last 1 to 15 of them: for the
+   first worker a whole vector whose lanes past the bin spill +0 into the next bin's place, which
+   is written next (the block has room for it past its end); for the others add_groups, whose
+   stores are no wider than the bin (a masked store over the next bin's first lanes would hold up
+   their loads). */
+AVX512 static inline __attribute__((always_inline)) void add_groups512(
+        float *to, const uint8_t *bytes, int64_t size, int64_t len, float v, int first) {
+    const __m512i sign_mask = _mm512_set1_epi32(bits(v) ? (int32_t)0x80000000u : 0);
+    const __m512i value = _mm512_set1_epi32((int32_t)bits(v));
+    int64_t j = 0;
+    for (; j + 16 <= len; j += 16, bytes += 2) {
+        uint16_t s, negative;
+        memcpy(&s, bytes, 2);
+        memcpy(&negative, bytes + size, 2);
+        add_lanes(to + j, s, negative, value, sign_mask, first);
+    }
+    if (j < len && first)
+        add_lanes(to + j, pair_bits(bytes, len - j), pair_bits(bytes + size, len - j), value,
+                  sign_mask, 1);
+    else if (j < len)
+        add_groups(to + j, bytes, size, len - j, v, 0);
+}
+AVX512 static void add_range_avx512(float *to, int64_t start, int64_t stop, int64_t bin_size,
+                                    int64_t per_bin, const uint8_t *sent, int64_t size, float v,
+                                    int first) {
+    add_bins(to, start, stop, bin_size, per_bin, sent, size, v, first, add_groups512);
+}
+AVX512 static void decompress_avx512(float *out, int64_t n, int64_t bin_size, int64_t world,
+                                     const uint8_t *const *sent, int64_t size, const float *v) {
+    decompress_layer(out, n, bin_size, world, sent, size, v, add_range_avx512, stream_floats);
 }
 #endif
 
@@ -489,7 +546,7 @@ void adacomp_decompress(int64_t layers, float *const *out, const int64_t *n,
     void (*layer_fn)(float *, int64_t, int64_t, int64_t, const uint8_t *const *, int64_t,
                      const float *) = decompress_scalar;
 #ifdef X86
-    if (use_avx2()) layer_fn = decompress_avx2;
+    if (use_avx2()) layer_fn = use_avx512() ? decompress_avx512 : decompress_avx2;
 #endif
     for (int64_t l = 0; l < layers; ++l) {
         for (int64_t w = 0; w < world; ++w) {

@@ -1,9 +1,12 @@
 /* What every kernel's C source starts with: the headers, X86 where the AVX2 code paths can be
    built, use_avx2(): whether to take them (the CPU has AVX2, and the environment variable
-   named PORTABLE_ENV is not set: the tests' way to run the portable loops on any machine), and
-   copy_floats() and stream_floats(), the portable and AVX2 ways to write a finished block of an
-   output that is only written.
-   compression/_native.py compiles the kernels with -DPORTABLE_ENV=<its name>, a string. */
+   named PORTABLE_ENV is not set: the tests' way to run the portable loops on any machine),
+   use_avx512(): whether to take a kernel's AVX-512 paths where it has some (use_avx2(), the CPU
+   has AVX-512 F and BW, and the variable named NO_AVX512_ENV is not set: the tests' way to run
+   the AVX2 paths on such a CPU), and copy_floats() and stream_floats(), the portable and AVX2
+   ways to write a finished block of an output that is only written.
+   compression/_native.py compiles the kernels with -DPORTABLE_ENV=<its name> and
+   -DNO_AVX512_ENV=<its name>, strings. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,18 @@ static int use_avx2(void) {
         cached = 0;
 #ifdef X86
         cached = __builtin_cpu_supports("avx2") && !getenv(PORTABLE_ENV);
+#endif
+    }
+    return cached;
+}
+
+__attribute__((unused)) static int use_avx512(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        cached = 0;
+#ifdef X86
+        cached = use_avx2() && __builtin_cpu_supports("avx512f")
+                 && __builtin_cpu_supports("avx512bw") && !getenv(NO_AVX512_ENV);
 #endif
     }
     return cached;

@@ -14,7 +14,7 @@ import torch
 
 import compression
 from compression import _adacomp_kernel as adacomp_kernel
-from compression._native import PORTABLE_ENV, STALE_S
+from compression._native import NO_AVX512_ENV, PORTABLE_ENV, STALE_S
 from compression.adacomp import AdaComp, pack_groups, unpack_groups
 from compression.base import Layer
 from tests.conftest import ROOT
@@ -190,21 +190,27 @@ def test_adacomp_group_bytes_round_trip(n: int, bin_size: int) -> None:
     assert torch.equal(unpack_groups(packed, n, bin_size), mask)
 
 
+BITWISE = ["tests/unit/test_adacomp_kernel.py::" + name for name in (
+    "test_adacomp_kernel_is_bitwise_the_eager_path",
+    "test_adacomp_kernel_aggregate_is_bitwise_the_eager_path",
+    "test_adacomp_kernel_level_change_is_bitwise_the_eager_path",
+    "test_adacomp_kernel_long_bins_are_bitwise_the_eager_path",
+    "test_adacomp_decompress_sums_workers_in_order")] + ["tests/unit/test_adacomp_threshold.py"]
+
+
 @pytest.mark.slow
-def test_portable_kernel_loops_are_bitwise_the_eager_path() -> None:
-    # Where the CPU has AVX2 the kernels take their AVX2 paths; with PORTABLE_ENV set they take
-    # their portable loops, which must pass the same bit-for-bit tests.
+@pytest.mark.parametrize(("env", "tests"), [
+    (PORTABLE_ENV, [*BITWISE, "tests/unit/test_topk_kernel.py"]),
+    (NO_AVX512_ENV, BITWISE)], ids=["portable", "avx2"])
+def test_other_kernel_loops_are_bitwise_the_eager_path(env: str, tests: list[str]) -> None:
+    # Where the CPU has AVX2 the kernels take their AVX2 paths, and AdaComp's decompress its
+    # AVX-512 one where the CPU has that; with NO_AVX512_ENV set it takes the AVX2 one, with
+    # PORTABLE_ENV the kernels take their portable loops, which must pass the same bit-for-bit
+    # tests.
     require_kernel(adacomp_kernel.LIBRARY)
-    tests = ["tests/unit/test_adacomp_kernel.py::" + name for name in (
-        "test_adacomp_kernel_is_bitwise_the_eager_path",
-        "test_adacomp_kernel_aggregate_is_bitwise_the_eager_path",
-        "test_adacomp_kernel_level_change_is_bitwise_the_eager_path",
-        "test_adacomp_kernel_long_bins_are_bitwise_the_eager_path",
-        "test_adacomp_decompress_sums_workers_in_order")] + ["tests/unit/test_topk_kernel.py",
-                                                             "tests/unit/test_adacomp_threshold.py"]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *tests], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, PORTABLE_ENV: "1"})
+                          env={**os.environ, env: "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
 
