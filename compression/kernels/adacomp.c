@@ -367,27 +367,46 @@ void adacomp_settle(float *residue, int64_t n, int64_t bin_size, uint8_t *owed, 
     }
 }
 
-/* For the elements [start, stop) of a layer in bins of bin_size (per_bin groups each, from
-   bin start / bin_size; start is a bin's start, or a group's in a bin longer than a piece), add
-   sign v where sent (bits: sent[i], and sent[size + i] for G < 0; i: the group's byte) to
-   to[element - start]; first: to holds nothing yet (from +0). A bin's short last group spills
-   +0 into the next bin's place, which is written next. Over the workers in order this is zero_
-   then index_add_ of their lists: adding +0 elsewhere changes nothing (a sum is never -0). */
-typedef void add_fn(float *to, int64_t start, int64_t stop, int64_t bin_size, int64_t per_bin,
-                    const uint8_t *sent, int64_t size, float v, int first);
-static void add_range(float *to, int64_t start, int64_t stop, int64_t bin_size,
-                      int64_t per_bin, const uint8_t *sent, int64_t size, float v, int first) {
+/* A bin's part of len elements (its groups' sent bytes from bytes, their sign bytes size bytes
+   on: bit l of a group's bytes is its element l): to[j] += sign v where element j was sent (sign
+   flipped where G < 0), else +0; first: to holds nothing yet (from +0). A short last group may
+   spill +0 into the next bin's place, which is written next. Over the workers in order this is
+   zero_ then index_add_ of their lists: adding +0 elsewhere changes nothing (a sum is never -0).
+   add_groups_scalar, add_groups (AVX2) and add_groups512 (AVX-512) do it. */
+typedef void groups_fn(float *to, const uint8_t *bytes, int64_t size, int64_t len, float v,
+                       int first);
+static inline void add_groups_scalar(float *to, const uint8_t *bytes, int64_t size,
+                                     int64_t len, float v, int first) {
+    for (int64_t g = 0; g < groups(len); ++g)
+        for (int l = 0; l < 8; ++l) {
+            uint32_t send = bytes[g] >> l & 1u, negative = bytes[size + g] >> l & 1u;
+            float g_q = from_bits((bits(v) ^ negative << 31) & -send);  /* sign s_w/W */
+            to[8 * g + l] = (first ? 0.0f : to[8 * g + l]) + g_q;
+        }
+}
+
+/* The elements [start, stop) of a layer in bins of bin_size (per_bin groups each, from bin
+   start / bin_size; start is a bin's start, or a group's in a bin longer than a piece), added
+   to to[element - start] a bin's part at a time by add (inlined); the whole bins in a loop of
+   their own, with first a constant in each inlined copy. */
+static inline __attribute__((always_inline)) void add_bins(
+        float *to, int64_t start, int64_t stop, int64_t bin_size, int64_t per_bin,
+        const uint8_t *sent, int64_t size, float v, int first, groups_fn *add) {
     int64_t bin = start / bin_size, offset = start - bin * bin_size;
     const uint8_t *bytes = sent + bin * per_bin + offset / 8;
+    if (offset == 0) {                                       /* whole bins */
+        const int64_t whole = (stop - start) / bin_size;
+        for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin)
+            if (first)
+                add(to, bytes, size, bin_size, v, 1);
+            else
+                add(to, bytes, size, bin_size, v, 0);
+        start += whole * bin_size, bin += whole;
+    }
     for (int64_t len = bin_size - offset; start < stop; start += len, len = bin_size) {
         len = len < stop - start ? len : stop - start;       /* this bin's part */
-        for (int64_t g = 0; g < groups(len); ++g)
-            for (int l = 0; l < 8; ++l) {
-                uint32_t send = bytes[g] >> l & 1u, negative = bytes[size + g] >> l & 1u;
-                float g_q = from_bits((bits(v) ^ negative << 31) & -send);  /* sign s_w/W */
-                to[8 * g + l] = (first ? 0.0f : to[8 * g + l]) + g_q;
-            }
-        to += len;                                           /* the short group's spill: next */
+        add(to, bytes, size, len, v, first);
+        to += len;
         bytes = sent + ++bin * per_bin;
     }
 }
@@ -398,7 +417,7 @@ static void add_range(float *to, int64_t start, int64_t stop, int64_t bin_size,
    the block for add_groups512's spill. */
 static inline __attribute__((always_inline)) void decompress_layer(
         float *out, int64_t n, int64_t bin_size, int64_t world, const uint8_t *const *sent,
-        int64_t size, const float *v, add_fn *add, store_fn *store) {
+        int64_t size, const float *v, groups_fn *add, store_fn *store) {
     enum { BLOCK = 4096, PIECE = 2048 };
     float block[BLOCK + 16];
     int64_t per_bin = groups(bin_size), begin = 0;           /* out[begin] is block[0] */
@@ -413,19 +432,19 @@ static inline __attribute__((always_inline)) void decompress_layer(
             begin = start;
         }
         for (int64_t w = 0; w < world; ++w)
-            add(block + (start - begin), start, stop, bin_size, per_bin, sent[w], size, v[w],
-                w == 0);
+            add_bins(block + (start - begin), start, stop, bin_size, per_bin, sent[w], size,
+                     v[w], w == 0, add);
         start = stop;
     }
     store(out + begin, block, n - begin);
 }
 static void decompress_scalar(float *out, int64_t n, int64_t bin_size, int64_t world,
                               const uint8_t *const *sent, int64_t size, const float *v) {
-    decompress_layer(out, n, bin_size, world, sent, size, v, add_range, copy_floats);
+    decompress_layer(out, n, bin_size, world, sent, size, v, add_groups_scalar, copy_floats);
 }
 
 #ifdef X86
-/* add_range's step for one group, eight lanes: sign v (value) where sent, or +0; of a group of
+/* add_groups' step for one group, eight lanes: sign v (value) where sent, or +0; of a group of
    len < 8 (a bin's short last one) only its len lanes are stored, so that the next bin's load of
    its first group does not wait on a store that overlaps it. */
 AVX2 static inline __attribute__((always_inline)) void add_group(
@@ -448,41 +467,9 @@ AVX2 static inline __attribute__((always_inline)) void add_groups(
         add_group(to + 8 * full, bytes[full], bytes[size + full], value, sign_mask, first,
                   len % 8);
 }
-/* add_range's walk over the bins of [start, stop), a bin's part at a time to groups (add_groups
-   or add_groups512, inlined); the whole bins in a loop of their own, with first a constant in
-   each inlined copy. v is +0, positive or NaN: its sign is flipped only where v != +0, so that
-   no g_q is -0 and the first worker's values need no 0 + g_q. */
-typedef void groups_fn(float *to, const uint8_t *bytes, int64_t size, int64_t len, float v,
-                       int first);
-static inline __attribute__((always_inline)) void add_bins(
-        float *to, int64_t start, int64_t stop, int64_t bin_size, int64_t per_bin,
-        const uint8_t *sent, int64_t size, float v, int first, groups_fn *groups) {
-    int64_t bin = start / bin_size, offset = start - bin * bin_size;
-    const uint8_t *bytes = sent + bin * per_bin + offset / 8;
-    if (offset == 0) {                                       /* whole bins */
-        const int64_t whole = (stop - start) / bin_size;
-        for (int64_t b = 0; b < whole; ++b, to += bin_size, bytes += per_bin)
-            if (first)
-                groups(to, bytes, size, bin_size, v, 1);
-            else
-                groups(to, bytes, size, bin_size, v, 0);
-        start += whole * bin_size, bin += whole;
-    }
-    for (int64_t len = bin_size - offset; start < stop; start += len, len = bin_size) {
-        len = len < stop - start ? len : stop - start;       /* this bin's part */
-        groups(to, bytes, size, len, v, first);
-        to += len;
-        bytes = sent + ++bin * per_bin;
-    }
-}
-AVX2 static void add_range_avx2(float *to, int64_t start, int64_t stop, int64_t bin_size,
-                                int64_t per_bin, const uint8_t *sent, int64_t size, float v,
-                                int first) {
-    add_bins(to, start, stop, bin_size, per_bin, sent, size, v, first, add_groups);
-}
 AVX2 static void decompress_avx2(float *out, int64_t n, int64_t bin_size, int64_t world,
                                  const uint8_t *const *sent, int64_t size, const float *v) {
-    decompress_layer(out, n, bin_size, world, sent, size, v, add_range_avx2, stream_floats);
+    decompress_layer(out, n, bin_size, world, sent, size, v, add_groups, stream_floats);
 }
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx2,popcnt")))
@@ -524,14 +511,9 @@ AVX512 static inline __attribute__((always_inline)) void add_groups512(
     else if (j < len)
         add_groups(to + j, bytes, size, len - j, v, 0);
 }
-AVX512 static void add_range_avx512(float *to, int64_t start, int64_t stop, int64_t bin_size,
-                                    int64_t per_bin, const uint8_t *sent, int64_t size, float v,
-                                    int first) {
-    add_bins(to, start, stop, bin_size, per_bin, sent, size, v, first, add_groups512);
-}
 AVX512 static void decompress_avx512(float *out, int64_t n, int64_t bin_size, int64_t world,
                                      const uint8_t *const *sent, int64_t size, const float *v) {
-    decompress_layer(out, n, bin_size, world, sent, size, v, add_range_avx512, stream_floats);
+    decompress_layer(out, n, bin_size, world, sent, size, v, add_groups512, stream_floats);
 }
 #endif
 
