@@ -473,8 +473,9 @@ AVX2 static void decompress_avx2(float *out, int64_t n, int64_t bin_size, int64_
 }
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx2,popcnt")))
-/* The masks of the 16 elements from group g (bytes[g] and bytes[g + 1]: lane l is bit l of
-   the pair, read as one little-endian 16-bit word), or of its first len < 16 elements. */
+/* The mask of the 16 elements of the two groups whose bytes start at bytes (lane l is bit l of
+   bytes[0] and bytes[1], read as one little-endian 16-bit word), or of their first len < 16
+   elements (bytes[1] read only where len > 8). */
 static inline __mmask16 pair_bits(const uint8_t *bytes, int64_t len) {
     uint16_t word = bytes[0];
     if (len > 8) word |= (uint16_t)(bytes[1] << 8);
