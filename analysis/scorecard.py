@@ -10,6 +10,15 @@ commits of the runs and a warning where they mix), and prints the markdown table
 cells have no run below the directory are left out (the count is said). Exit status 2 on bad
 input (no runs, a malformed claims file).
 
+    python -m analysis.scorecard results/runs/table4/tiny/cifar100/resnet18 --sweep table4 \
+        --keep results/example/table4_scorecard/scorecard.csv --out results/example/table4_scorecard
+
+judges the claims these runs can judge and keeps the rows of an earlier ``scorecard.csv`` for
+the others (run records are not committed, so the runs of those rows may live on another
+machine): one model's rows of a table judged again, with more seeds, without rerunning the rest.
+A kept row keeps its machines, commits and run directories; one whose claim is no longer in the
+claims file, or is stated otherwise now, is refused (judge it again).
+
     python -m analysis.scorecard results/example --overview [--scale tiny] [--out results/example]
 
 counts instead the verdicts of every ``scorecard.csv`` below the folder against the claims file,
@@ -83,8 +92,10 @@ def _needed(value: float) -> str:
     return f"> {verdicts.SEEDS_LIMIT}" if math.isinf(value) else str(int(value))
 
 
-def summary(rows: pd.DataFrame, skipped: int) -> str:
-    """``12 claims: 5 reproduced, 1 not reproduced, 6 inconclusive`` (and what is not shown)."""
+def summary(rows: pd.DataFrame, skipped: int, kept: int = 0, source: Path | None = None
+            ) -> str:
+    """``12 claims: 5 reproduced, 1 not reproduced, 6 inconclusive`` (and what is not shown;
+    ``kept`` of the rows from the earlier scorecard ``source``)."""
     counts = rows["verdict"].value_counts()
     parts = [f"{int(counts.get(v, 0))} {v}" for v in (verdicts.REPRODUCED,
                                                      verdicts.NOT_REPRODUCED,
@@ -94,30 +105,35 @@ def summary(rows: pd.DataFrame, skipped: int) -> str:
     if warned:
         text += (f" {warned} of them {'mixes' if warned == 1 else 'mix'} machines or commits "
                  "(see `warning`).")
+    if kept:
+        text += (f" {kept} of them judged before, on runs not below this directory: kept from "
+                 f"{source} (their machines, commits and runs as they were).")
     if skipped:
         text += f" {skipped} claims of these sweeps have no runs here (not shown)."
     return text
 
 
-def write(rows: pd.DataFrame, out: Path, skipped: int = 0) -> list[Path]:
-    """``scorecard.{csv,md,html}`` of the judged ``rows`` into ``out``; the paths."""
+def write(rows: pd.DataFrame, out: Path, skipped: int = 0, kept: int = 0,
+          source: Path | None = None) -> list[Path]:
+    """``scorecard.{csv,md,html}`` of the judged ``rows`` into ``out`` (``kept`` of them from the
+    earlier scorecard ``source``); the paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / name for name in FILES]
     rows.to_csv(paths[0], index=False)
     shown = display(rows)
     legend = tables.machine_legend(rows)
-    paths[1].write_text(f"# Scorecard\n\n{summary(rows, skipped)}\n\n{tables.markdown(shown)}\n"
-                        f"{legend}\n\n{ABOUT}\n")
-    blocks = [Block("h1", "Scorecard"), Block("p", summary(rows, skipped)),
+    said = summary(rows, skipped, kept, source)
+    paths[1].write_text(f"# Scorecard\n\n{said}\n\n{tables.markdown(shown)}\n{legend}\n\n{ABOUT}\n")
+    blocks = [Block("h1", "Scorecard"), Block("p", said),
               Block("table", table=shown), Block("p", legend), Block("p", ABOUT)]
     paths[2].write_text(to_html(blocks, "accordion-bench: scorecard"))
     return paths
 
 
 def scorecard(runs_dir: Path, claims_file: Path | None, sweeps: Sequence[str] | None,
-              scales: Sequence[str] | None) -> tuple[pd.DataFrame, int]:
+              scales: Sequence[str] | None) -> tuple[pd.DataFrame, set[str]]:
     """The judged rows of the claims of ``sweeps`` (None: every sweep with runs) on the runs
-    below ``runs_dir``, and how many of those claims had no runs."""
+    below ``runs_dir``, and the ids of those claims that had no runs."""
     claims = verdicts.load_claims(claims_file)
     frames = load_records(runs_dir, include_incomplete=True)
     found = set(frames.runs["sweep"]) if not frames.runs.empty else set()
@@ -126,7 +142,42 @@ def scorecard(runs_dir: Path, claims_file: Path | None, sweeps: Sequence[str] | 
         raise ValueError(f"runs_dir: no run records of a sweep with claims (sweep(s) "
                          f"{', '.join(sweeps) if sweeps else 'any'}) below {runs_dir}")
     rows = verdicts.evaluate(frames, wanted, list(scales) if scales else None)
-    return rows, len(wanted) - rows["id"].nunique()
+    return rows, {c.id for c in wanted} - set(rows["id"])
+
+
+# The scorecard.csv columns that hold numbers (the rest is text: ids, seeds, commit hashes).
+NUMERIC = ("published", "ours", "low", "high", "seeds_needed", "mean_a", "mean_b")
+
+
+def keep(rows: pd.DataFrame, earlier: Path, claims_file: Path | None, skipped: set[str]
+         ) -> tuple[pd.DataFrame, set[str], int]:
+    """``rows`` with the rows of the scorecard.csv ``earlier`` whose claim (at its scale)
+    ``rows`` does not judge, in the claims file's order; the ids of ``skipped`` (claims without
+    runs) still without a row; how many rows were kept. A ValueError naming the claim where a
+    kept row's claim is not in the claims file or is stated otherwise now."""
+    old = pd.read_csv(earlier, dtype=str, keep_default_na=False)
+    missing = set(verdicts.COLUMNS) - set(old.columns)
+    if missing:
+        raise ValueError(f"keep: {earlier} is not a scorecard.csv of this version (no "
+                         f"{', '.join(sorted(missing))}); judge its claims again")
+    old = old[verdicts.COLUMNS]
+    for column in NUMERIC:
+        old[column] = [float(v) if v else math.nan for v in old[column]]
+    judged = set(zip(rows["id"], rows["scale"], strict=True))
+    old = old[[(i, s) not in judged for i, s in zip(old["id"], old["scale"], strict=True)]]
+    claims = {c.id: c for c in verdicts.load_claims(claims_file)}
+    for _, row in old.iterrows():
+        claim = claims.get(row["id"])
+        if claim is None or claim.statement() != row["statement"]:
+            now = "is not in the claims file" if claim is None else \
+                f"is now stated '{claim.statement()}'"
+            raise ValueError(f"keep: claim {row['id']} of {earlier} ({row['statement']}) {now}; "
+                             "judge it again")
+    order = {cid: i for i, cid in enumerate(claims)}
+    both = pd.concat([rows, old], ignore_index=True) if not old.empty else rows
+    both = both.sort_values(["id", "scale"], key=lambda c: c.map(order) if c.name == "id"
+                            else c, kind="stable").reset_index(drop=True)
+    return both, skipped - set(old["id"]), len(old)
 
 
 def overview(folder: Path, claims_file: Path | None, scale: str) -> pd.DataFrame:
@@ -212,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                     "analysis/claims.yaml)")
     parser.add_argument("--out", type=Path, default=Path("results"),
                         help="output folder (default results/)")
+    parser.add_argument("--keep", type=Path, metavar="CSV",
+                        help="an earlier scorecard.csv: its rows of claims these runs do not "
+                             "judge are kept (their runs may be on another machine)")
     parser.add_argument("--overview", action="store_true",
                         help="count the verdicts of the scorecard.csv files below runs_dir per "
                              "sweep (at the one --scale, default tiny) instead")
@@ -220,10 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _overview(args, argv)
     try:
         rows, skipped = scorecard(args.runs_dir, args.claims, args.sweep, args.scale)
+        kept = 0
+        if args.keep is not None:
+            rows, skipped, kept = keep(rows, args.keep, args.claims, skipped)
     except (FileNotFoundError, ValueError) as exc:  # ConfigError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    paths = write(rows, args.out, skipped)
+    paths = write(rows, args.out, len(skipped), kept, args.keep)
     print(paths[1].read_text())
     print(" , ".join(map(str, paths)))
     return 0

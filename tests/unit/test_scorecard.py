@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
@@ -304,6 +305,45 @@ def test_scorecard_bad_input_is_one_line_and_status_2(tmp_path, capsys):
     assert main([str(tmp_path / "runs"), "--claims", str(tmp_path / "bad.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs a list `claims`" in err
+
+
+def test_keep_judges_what_the_runs_can_and_keeps_the_other_rows(tmp_path, capsys):
+    _table1(tmp_path / "old", moved_seed=2)  # every cell, 3 seeds: three claims judged
+    assert main([str(tmp_path / "old"), "--out", str(tmp_path / "card")]) == 0
+    earlier = tmp_path / "card" / "scorecard.csv"
+    before = pd.read_csv(earlier, dtype=str, keep_default_na=False)
+    before.assign(commits="75011e670879").to_csv(earlier, index=False)  # reads as a float
+    before = pd.read_csv(earlier, dtype=str, keep_default_na=False).set_index("id")
+    _table1(tmp_path / "new", seeds=(0,))  # elsewhere, later: rank 1 and 2 only, one seed
+    shutil.rmtree(tmp_path / "new" / "accordion_rank2_rank1")
+    capsys.readouterr()
+    out = tmp_path / "card2"
+    assert main([str(tmp_path / "new"), "--keep", str(earlier), "--out", str(out)]) == 0
+    after = pd.read_csv(out / "scorecard.csv", dtype=str, keep_default_na=False)
+    assert list(after["id"]) == list(before.index)  # the claims file's order
+    after = after.set_index("id")
+    loses = after.loc["table1.resnet18.high_loses"]  # judged again on the new runs
+    assert (loses["seeds"], loses["verdict"]) == ("0", INCONCLUSIVE)
+    for kept in ("table1.resnet18.accordion_within", "table1.resnet18.accordion_less_data"):
+        assert after.loc[kept].equals(before.loc[kept]), kept  # every column as it was
+    md = (out / "scorecard.md").read_text()
+    assert "3 claims judged: 2 reproduced, 0 not reproduced, 1 inconclusive" in md
+    assert f"2 of them judged before, on runs not below this directory: kept from {earlier}" \
+        in md and "10 claims of these sweeps have no runs here" in md
+    # a kept claim stated otherwise now, or a file of another version: one line, status 2
+    changed = pd.read_csv(earlier, dtype=str, keep_default_na=False)
+    changed.loc[changed["id"] == "table1.resnet18.accordion_within", "statement"] = "x > 0"
+    changed.to_csv(tmp_path / "changed.csv", index=False)
+    changed.drop(columns="seeds_needed").to_csv(tmp_path / "older.csv", index=False)
+    capsys.readouterr()
+    for name, message in (("changed.csv", "keep: claim table1.resnet18.accordion_within of"),
+                          ("older.csv", "is not a scorecard.csv of this version (no "
+                                        "seeds_needed)")):
+        assert main([str(tmp_path / "new"), "--keep", str(tmp_path / name), "--out",
+                     str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_the_overview_counts_each_sweep_s_verdicts_against_its_claims(tmp_path, capsys):
