@@ -147,6 +147,8 @@ def scorecard(runs_dir: Path, claims_file: Path | None, sweeps: Sequence[str] | 
 
 # The scorecard.csv columns that hold numbers (the rest is text: ids, seeds, commit hashes).
 NUMERIC = ("published", "ours", "low", "high", "seeds_needed", "mean_a", "mean_b")
+# Columns that came after the first scorecards were written: an earlier file may lack them.
+LATER_COLUMNS = {"seeds_needed"}
 
 
 def keep(rows: pd.DataFrame, earlier: Path, claims_file: Path | None, skipped: set[str]
@@ -156,6 +158,8 @@ def keep(rows: pd.DataFrame, earlier: Path, claims_file: Path | None, skipped: s
     runs) still without a row; how many rows were kept. A ValueError naming the claim where a
     kept row's claim is not in the claims file or is stated otherwise now."""
     old = pd.read_csv(earlier, dtype=str, keep_default_na=False)
+    for column in LATER_COLUMNS.difference(old.columns):
+        old[column] = ""  # a scorecard from before the column: none computed ('—')
     missing = set(verdicts.COLUMNS) - set(old.columns)
     if missing:
         raise ValueError(f"keep: {earlier} is not a scorecard.csv of this version (no "

@@ -334,16 +334,21 @@ def test_keep_judges_what_the_runs_can_and_keeps_the_other_rows(tmp_path, capsys
     changed = pd.read_csv(earlier, dtype=str, keep_default_na=False)
     changed.loc[changed["id"] == "table1.resnet18.accordion_within", "statement"] = "x > 0"
     changed.to_csv(tmp_path / "changed.csv", index=False)
-    changed.drop(columns="seeds_needed").to_csv(tmp_path / "older.csv", index=False)
+    changed.drop(columns="mean_a").to_csv(tmp_path / "other.csv", index=False)
     capsys.readouterr()
     for name, message in (("changed.csv", "keep: claim table1.resnet18.accordion_within of"),
-                          ("older.csv", "is not a scorecard.csv of this version (no "
-                                        "seeds_needed)")):
+                          ("other.csv", "is not a scorecard.csv of this version (no mean_a)")):
         assert main([str(tmp_path / "new"), "--keep", str(tmp_path / name), "--out",
                      str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "bad").exists()
+    # a scorecard from before `seeds_needed`: its rows are kept without one
+    before.reset_index().drop(columns="seeds_needed").to_csv(tmp_path / "older.csv", index=False)
+    assert main([str(tmp_path / "new"), "--keep", str(tmp_path / "older.csv"), "--out",
+                 str(tmp_path / "card3")]) == 0
+    third = pd.read_csv(tmp_path / "card3" / "scorecard.csv", dtype=str, keep_default_na=False)
+    assert list(third["seeds_needed"]) == ["", "", ""]  # judged again: a one-seed interval
 
 
 def test_the_overview_counts_each_sweep_s_verdicts_against_its_claims(tmp_path, capsys):
