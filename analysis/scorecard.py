@@ -145,6 +145,12 @@ def scorecard(runs_dir: Path, claims_file: Path | None, sweeps: Sequence[str] | 
     return rows, {c.id for c in wanted} - set(rows["id"])
 
 
+def read_card(path: Path) -> pd.DataFrame:
+    """A scorecard.csv as text (a commit such as 75011e670879 would read as a float; empty
+    cells stay '')."""
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
 # The scorecard.csv columns that hold numbers (the rest is text: ids, seeds, commit hashes).
 NUMERIC = ("published", "ours", "low", "high", "seeds_needed", "mean_a", "mean_b")
 # Columns that came after the first scorecards were written: an earlier file may lack them.
@@ -157,7 +163,7 @@ def keep(rows: pd.DataFrame, earlier: Path, claims_file: Path | None, skipped: s
     ``rows`` does not judge, in the claims file's order; the ids of ``skipped`` (claims without
     runs) still without a row; how many rows were kept. A ValueError naming the claim where a
     kept row's claim is not in the claims file or is stated otherwise now."""
-    old = pd.read_csv(earlier, dtype=str, keep_default_na=False)
+    old = read_card(earlier)
     for column in LATER_COLUMNS.difference(old.columns):
         old[column] = ""  # a scorecard from before the column: none computed ('—')
     missing = set(verdicts.COLUMNS) - set(old.columns)
@@ -191,8 +197,7 @@ def overview(folder: Path, claims_file: Path | None, scale: str) -> pd.DataFrame
     files = sorted(folder.rglob("scorecard.csv")) if folder.is_dir() else []
     if not files:
         raise ValueError(f"runs_dir: no scorecard.csv below {folder}")
-    judged = pd.concat([pd.read_csv(f, dtype=str, keep_default_na=False).assign(file=str(f))
-                        for f in files], ignore_index=True)
+    judged = pd.concat([read_card(f).assign(file=str(f)) for f in files], ignore_index=True)
     judged = judged[judged["scale"] == scale]
     twice = judged[judged.duplicated("id", keep=False)]
     if not twice.empty:
