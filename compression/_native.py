@@ -1,4 +1,5 @@
-"""Small C kernels for the compressors' CPU hot loops: built once, cached, loaded with ctypes.
+"""Small C kernels for the compressors' CPU hot loops (and for core/exact_ops.py's, from
+``core/kernels/``): built once, cached, loaded with ctypes.
 
 The C sources are package data in ``compression/kernels/``: ``<name>.c`` for each kernel, which
 includes ``prelude.h`` (headers, ``X86``, ``use_avx2()``). A kernel is plain C (no torch headers,
@@ -54,12 +55,13 @@ def cache_dir() -> Path:
 
 
 class Library:
-    """The kernel ``name`` built from ``kernels/<name>.c``, exporting ``functions`` (name:
-    signature); ``defines``: the constants it shares with Python (each a ``-D`` flag)."""
+    """The kernel ``name`` built from ``<directory>/<name>.c`` (by default ``kernels/``, the
+    compressors'), exporting ``functions`` (name: signature); ``defines``: the constants it
+    shares with Python (each a ``-D`` flag)."""
 
     def __init__(self, name: str, functions: dict[str, Signature],
-                 defines: dict[str, int] | None = None) -> None:
-        self.name, self.functions = name, functions
+                 defines: dict[str, int] | None = None, directory: Path = KERNELS) -> None:
+        self.name, self.functions, self.directory = name, functions, directory
         macros = {"PORTABLE_ENV": f'"{PORTABLE_ENV}"', "NO_AVX512_ENV": f'"{NO_AVX512_ENV}"',
                   **(defines or {})}
         self.flags = (*FLAGS, *(f"-D{macro}={value}" for macro, value in macros.items()))
@@ -86,7 +88,7 @@ class Library:
 
     def sources(self) -> dict[str, str]:
         """The C files the kernel is built from (file name: text): its ``.c`` and the headers."""
-        files = [KERNELS / f"{self.name}.c", *sorted(KERNELS.glob("*.h"))]
+        files = [self.directory / f"{self.name}.c", *sorted(self.directory.glob("*.h"))]
         return {path.name: path.read_text(encoding="utf-8") for path in files}
 
     def _build(self) -> Path:

@@ -22,9 +22,10 @@ Each of these knobs selects other float code, so other rounding:
 ``portable`` (the default for CPU runs) pins them all, in every process, before the first
 operation that would read them: ATen's DEFAULT kernels (compiled for the x86-64 baseline, no
 FMA), MKL's COMPATIBLE branch, oneDNN and NNPACK off (convolutions through ATen's im2col and
-MKL's GEMM at every batch size), one intra-op and one inter-op thread. The same run then gives
-the same bits on any x86-64 machine with the same software versions, at a cost measured by
-``make bench-numerics``.
+MKL's GEMM at every batch size), one intra-op and one inter-op thread. ReLU's derivative, ten
+times slower in ATen's DEFAULT build than in its AVX2 one, runs as a C loop with the same bits
+(:mod:`core.exact_ops`). The same run then gives the same bits on any x86-64 machine with the
+same software versions, at a cost measured by ``make bench-numerics``.
 ``native`` leaves every knob to the machine (fastest; the default at paper scale, where the
 work runs on GPUs and the CPU knobs barely touch the numbers). What was in effect goes into
 every run record (:mod:`core.provenance`).
@@ -75,6 +76,9 @@ def apply(mode: str) -> None:
         raise ConfigError(f"trainer.numerics: portable could not pin {', '.join(missed)} in this "
                           f"process (torch ran before the setting); start the process with "
                           f"{' '.join(f'{k}={v}' for k, v in PORTABLE_ENV.items())}")
+    from core import exact_ops  # after the pins: it imports the compressors' C plumbing
+
+    exact_ops.install()  # ATen's slowest DEFAULT kernel as a C loop with the same bits
 
 
 def _pin(torch: Any) -> list[str]:
