@@ -174,7 +174,7 @@ bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 
 	$(PY) -m benchmarks.numerics $(ARGS)
 	@$(DOCS_REFRESH)
 
-bench-portable-step: $(VENV_STAMP) ## where a tiny training step's time goes under portable numerics, op by op, beside the other CPU settings [ARGS="--steps 40"] -> results/bench/portable_step.{csv,md}
+bench-portable-step: $(VENV_STAMP) ## where a tiny training step's time goes under portable numerics (ResNet-18 and GoogLeNet), op by op, beside ATen's own loops (without core/exact_ops.py: the same bits) and the other CPU settings [ARGS="--steps 40"] -> results/bench/portable_step.{csv,md}
 	$(PY) -m benchmarks.portable_step $(ARGS)
 	@$(DOCS_REFRESH)
 
@@ -186,7 +186,7 @@ bench-test-time: $(VENV_STAMP) ## make test's two pytest parts timed at 2 and 1 
 	$(PY) -m benchmarks.test_time $(ARGS)
 	@$(DOCS_REFRESH)
 
-bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}
+bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}; ARGS="--baseline REF": the fast way by commit REF's code and by this checkout, with the runs whose metrics are the same -> results/bench/tiny_speed_baseline.{csv,md}
 	$(PY) -m benchmarks.tiny_speed $(ARGS)
 	@$(DOCS_REFRESH)
 

@@ -2,16 +2,22 @@
 op by op, and what the other CPU settings would give; writes results/bench/portable_step.{csv,md}.
 
     .venv/bin/python -m benchmarks.portable_step [--steps 40] [--profiled 10]
+        [--models resnet18,googlenet]
 
-The step is one learner's share of a tiny CIFAR run (ResNet-18 at width 8, a micro-batch of 16
+The step is one learner's share of a tiny CIFAR run (each model at width 8, a micro-batch of 16
 generated 3x32x32 images: the tiny recipe's global batch of 32 over 2 workers): forward, loss,
-backward, one thread. Each setting runs in a process of its own, started with its environment
-(the knobs of core/numerics.py must be set before torch's first operation):
+backward, one thread; ResNet-18, and GoogLeNet, whose pools the C loops of core/exact_ops.py
+take. Each setting runs in a process of its own, started with its environment (the knobs of
+core/numerics.py must be set before torch's first operation):
 
 - ``portable``: the suite's default for CPU runs (ATen's DEFAULT kernels, MKL's COMPATIBLE
-  branch, oneDNN and NNPACK off): the same bits on every x86-64 machine;
-- ``portable, ATen AVX2``: the same but ATen's AVX2 kernels, a candidate for a faster portable
-  mode on x86-64 machines with AVX2 (not adopted: its cross-vendor bits are unverified);
+  branch, oneDNN and NNPACK off, ReLU's backward and max pools by core/exact_ops.py's C
+  loops): the same bits on every x86-64 machine;
+- ``portable, ATen's own loops``: the same without core/exact_ops.py (what portable runs were
+  before it): its gradients' hash must be portable's;
+- ``portable, ATen AVX2``: portable's knobs but ATen's AVX2 kernels (and its own loops), a
+  candidate for a faster portable mode on x86-64 machines with AVX2 (not adopted: its
+  cross-vendor bits are unverified);
 - ``native``: every knob left to the machine (oneDNN convolutions, MKL's own branch).
 
 MKL's faster reproducible branches (``MKL_CBWR=AVX2``, ...) are not candidates: Intel documents
@@ -39,15 +45,23 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path("results/bench")
-SETTINGS = {"portable": {"numerics": "portable", "env": {}},
-            "portable, ATen AVX2": {"numerics": "portable",
+# Each setting: its numerics mode (the record's label), its environment, and whether the child
+# puts itself under the mode (core.numerics.apply) or only turns oneDNN and NNPACK off (the
+# environment setting the rest: no core/exact_ops.py loops).
+SETTINGS = {"portable": {"numerics": "portable", "env": {}, "apply": True},
+            "portable, ATen's own loops": {"numerics": "portable", "apply": False,
+                                           "env": {"ATEN_CPU_CAPABILITY": "default",
+                                                   "MKL_CBWR": "COMPATIBLE"}},
+            "portable, ATen AVX2": {"numerics": "portable", "apply": False,
                                     "env": {"ATEN_CPU_CAPABILITY": "avx2",
                                             "MKL_CBWR": "COMPATIBLE"}},
-            "native": {"numerics": "native", "env": {"OMP_NUM_THREADS": "1"}}}
+            "native": {"numerics": "native", "env": {"OMP_NUM_THREADS": "1"}, "apply": True}}
+MODELS = ("resnet18", "googlenet")
 # What each kind of op is (self CPU time of these aten ops; the rest is "other").
 KINDS = {"convolution": ("conv", "_nnpack"),
          "ReLU backward": ("threshold_backward",),
          "ReLU": ("clamp_min", "relu"),
+         "max pool": ("max_pool2d",),
          "BatchNorm": ("batch_norm",),
          "fill and copy": ("fill_", "zero_", "copy_", "empty", "resize_")}
 
@@ -57,18 +71,18 @@ def kind(op: str) -> str:
     return next((k for k, parts in KINDS.items() if any(p in op for p in parts)), "other")
 
 
-def child(steps: int, profiled: int) -> dict[str, Any]:
+def child(model_name: str, steps: int, profiled: int) -> dict[str, Any]:
     """In the setting's own process: time the step, profile it, hash one step's gradients."""
-    from core import numerics
+    from core import exact_ops, numerics
     from core.provenance import collect, made_here
 
-    if "ATEN_CPU_CAPABILITY" in os.environ:  # portable but for ATen's kernels (SETTINGS)
+    if os.environ["BENCH_APPLY"] == "1":
+        numerics.apply(os.environ["BENCH_NUMERICS"])
+    else:  # the environment pins ATen's kernels and MKL's branch (SETTINGS)
         import torch
 
         torch.backends.mkldnn.enabled = False
         torch.backends.nnpack.set_flags(False)
-    else:
-        numerics.apply(os.environ["BENCH_NUMERICS"])
     import torch
     from torch.nn import functional as F
 
@@ -76,7 +90,7 @@ def child(steps: int, profiled: int) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = build("resnet18", 10, width=8)
+    model = build(model_name, 10, width=8)
     x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
 
     def step() -> None:
@@ -104,31 +118,35 @@ def child(steps: int, profiled: int) -> dict[str, Any]:
             "made_here": made_here(os.environ["BENCH_NUMERICS"]),
             "fingerprint": collect(os.environ["BENCH_NUMERICS"], 1, "benchmark")["fingerprint"],
             "mkl": numerics.state()["mkl_cbwr"], "mkldnn": torch.backends.mkldnn.enabled,
+            "exact_ops": exact_ops.installed(),
             **{f"share {k}": v / total for k, v in shares.items()}}
 
 
-def measure(name: str, steps: int, profiled: int) -> dict[str, Any]:
-    """Run the setting ``name`` in its own process; its row."""
+def measure(model: str, name: str, steps: int, profiled: int) -> dict[str, Any]:
+    """Run the setting ``name`` for ``model`` in its own process; its row."""
     setting = SETTINGS[name]
-    env = {**os.environ, **setting["env"], "BENCH_NUMERICS": setting["numerics"]}
+    env = {**os.environ, **setting["env"], "BENCH_NUMERICS": setting["numerics"],
+           "BENCH_APPLY": "1" if setting["apply"] else "0"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.portable_step", "--child",
-                           "--steps", str(steps), "--profiled", str(profiled)],
-                          capture_output=True, text=True, env=env, check=True)
-    return {"setting": name, **json.loads(proc.stdout.strip().splitlines()[-1])}
+                           "--models", model, "--steps", str(steps), "--profiled",
+                           str(profiled)], capture_output=True, text=True, env=env, check=True)
+    return {"model": model, "setting": name, **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
 def markdown(rows: list[dict[str, Any]], heading: str) -> str:
-    """The table: time per step, ratio to portable, shares by kind of op, gradients' hash."""
-    base = rows[0]["ms_per_step"]
+    """The table: time per step, ratio to portable (the same model's), shares by kind of op,
+    gradients' hash."""
+    base = {r["model"]: r["ms_per_step"] for r in reversed(rows)}  # each model's first row
     kinds = [k for k in rows[0] if k.startswith("share ")]
     shares = " | ".join(k.removeprefix("share ") for k in kinds)
-    lines = [heading, "", "| setting | ATen kernels | MKL branch | oneDNN | ms per step | "
-             f"x portable | {shares} | gradients' hash | fingerprint |",
-             "| --- | --- | --- | --- | ---: | ---: | " + "---: | " * len(kinds) + "--- | --- |"]
+    lines = [heading, "", "| model | setting | ATen kernels | MKL branch | oneDNN | exact_ops | "
+             f"ms per step | x portable | {shares} | gradients' hash | fingerprint |",
+             "| --- | --- | --- | --- | --- | --- | ---: | ---: | " + "---: | " * len(kinds)
+             + "--- | --- |"]
     for r in rows:
-        lines.append(f"| {r['setting']} | {r['capability']} | {r['mkl']} | "
-                     f"{'on' if r['mkldnn'] else 'off'} | {r['ms_per_step']:.1f} | "
-                     f"{r['ms_per_step'] / base:.2f} | "
+        lines.append(f"| {r['model']} | {r['setting']} | {r['capability']} | {r['mkl']} | "
+                     f"{'on' if r['mkldnn'] else 'off'} | {'on' if r['exact_ops'] else 'off'} | "
+                     f"{r['ms_per_step']:.1f} | {r['ms_per_step'] / base[r['model']]:.2f} | "
                      + " | ".join(f"{100 * r[k]:.0f}%" for k in kinds)
                      + f" | {r['grad_hash']} | {r['fingerprint']} |")
     return "\n".join(lines) + "\n"
@@ -138,22 +156,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--profiled", type=int, default=10)
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.steps, args.profiled)))
+        print(json.dumps(child(args.models, args.steps, args.profiled)))
         return
     started, load = time.perf_counter(), os.getloadavg()[0]
-    rows = [measure(name, args.steps, args.profiled) for name in SETTINGS]
+    rows = [measure(model, name, args.steps, args.profiled)
+            for model in args.models.split(",") for name in SETTINGS]
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "portable_step.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    command = "make bench-portable-step" + (
-        f" ARGS='--steps {args.steps} --profiled {args.profiled}'"
-        if (args.steps, args.profiled) != (40, 10) else "")
+    options = " ".join(f"--{k} {v}" for k, v, default in (
+        ("steps", args.steps, 40), ("profiled", args.profiled, 10),
+        ("models", args.models, ",".join(MODELS))) if v != default)
+    command = "make bench-portable-step" + (f" ARGS='{options}'" if options else "")
     heading = (f"# Where a portable tiny step goes\n\nCommand: `{command}` "
                f"({time.perf_counter() - started:.0f} s; load {load:.2f} before, "
                f"{os.getloadavg()[0]:.2f} after). Machine: {rows[0]['made_here']}. Shares: "
