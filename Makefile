@@ -186,7 +186,7 @@ bench-test-time: $(VENV_STAMP) ## make test's two pytest parts timed at 2 and 1 
 	$(PY) -m benchmarks.test_time $(ARGS)
 	@$(DOCS_REFRESH)
 
-bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}; ARGS="--baseline REF": the fast way by commit REF's code and by this checkout, with the runs whose metrics are the same -> results/bench/tiny_speed_baseline.{csv,md}
+bench-tiny-speed: $(VENV_STAMP) ## a tiny sweep slice (Table 1 ResNet-18, seed 0) the torchrun way and the fast way side by side [ARGS="--repeats 2"] -> results/bench/tiny_speed.{csv,md}; ARGS="--baseline REF": the fast way by commit REF's code and by this checkout, with the runs whose metrics are the same -> results/bench/tiny_speed_baseline_<sweep>.{csv,md}
 	$(PY) -m benchmarks.tiny_speed $(ARGS)
 	@$(DOCS_REFRESH)
 

@@ -15,7 +15,7 @@ metrics (every epoch, timings aside) of the same run the other way. Run it on a 
 
 ``--baseline REF`` compares code instead of ways: the fast way run by the code of git commit REF
 (its files from ``git archive``) and by this checkout, side by side in the same way; the table
-goes to results/bench/tiny_speed_baseline.{md,csv}, and its last column says whether each run
+goes to results/bench/tiny_speed_baseline_<sweep>.{md,csv}, and its last column says whether each run
 recorded the same metrics under both (a speed-up that changed no number).
 """
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                 sweeps.append(run_sweep(way, launch, args, Path(tmp) / f"{way}{repeat}", code))
                 print(f"repeat {repeat} {way}: {sweeps[-1]['wall_s'] / 60:.2f} min wall",
                       flush=True)
-    name = "tiny_speed" if args.baseline is None else "tiny_speed_baseline"
+    name = "tiny_speed" if args.baseline is None else f"tiny_speed_baseline_{args.sweep}"
     args.out.mkdir(parents=True, exist_ok=True)
     fields = [k for k in sweeps[0] if k != "records"]
     with open(args.out / f"{name}.csv", "w", newline="") as f:

@@ -19,11 +19,11 @@ SLICE = ("model=resnet18 method=rank2 dataset.train_size=64 dataset.test_size=32
 def test_a_baseline_run_side_by_side_records_the_same_metrics(tmp_path):
     tiny_speed.main(["--only", SLICE, "--epochs", "1", "--baseline", "HEAD", "--out",
                      str(tmp_path)])
-    with open(tmp_path / "tiny_speed_baseline.csv") as f:
+    with open(tmp_path / "tiny_speed_baseline_table1.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["way"] for r in rows] == ["baseline", "this"]
     assert all(r["runs"] == "1" for r in rows)
-    text = (tmp_path / "tiny_speed_baseline.md").read_text()
+    text = (tmp_path / "tiny_speed_baseline_table1.md").read_text()
     assert "| 1 of 1 |" in text and "| 0 of 1 |" not in text
     assert "Speed-up (median wall time, baseline / this)" in text
     assert "machine" in text and "the baseline's" in text  # both sides' run records named
