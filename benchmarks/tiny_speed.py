@@ -15,8 +15,8 @@ metrics (every epoch, timings aside) of the same run the other way. Run it on a 
 
 ``--baseline REF`` compares code instead of ways: the fast way run by the code of git commit REF
 (its files from ``git archive``) and by this checkout, side by side in the same way; the table
-goes to results/bench/tiny_speed_baseline_<sweep>.{md,csv}, and its last column says whether each run
-recorded the same metrics under both (a speed-up that changed no number).
+goes to results/bench/tiny_speed_baseline_<sweep>.{md,csv}, and its last column says whether
+each run recorded the same metrics under both (a speed-up that changed no number).
 """
 
 from __future__ import annotations
