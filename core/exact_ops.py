@@ -12,10 +12,11 @@ baseline. Most cost about what the AVX2 ones do; two cost a tiny CNN a large sha
 Neither computes anything: each output element is a copy of an input element (or +0), chosen
 by comparisons. So C loops (``kernels/exact_ops.c``) give the same bits on any machine,
 indices and ties included, and replace ATen's kernels for the CPU dispatch key
-(``torch.library.Library("aten", "IMPL")``, PyTorch's documented way to override an operator's
-kernel) in every process that :func:`install` runs in: :func:`core.numerics.apply` calls it for
-portable runs. Nothing in a run record changes (its fingerprint names the machine and
-software that can change a number; these loops cannot).
+(``torch.library.Library("aten", "IMPL")``: a library of kind "IMPL" overrides operators of an
+existing one, https://pytorch.org/docs/stable/library.html) in every process that
+:func:`install` runs in: :func:`core.numerics.apply` calls it for portable runs. Nothing in a
+run record changes (its fingerprint names the machine and software that can change a number;
+these loops cannot).
 
 Inputs a loop does not take (other dtypes, layouts, shapes that broadcast, settings ATen
 refuses) go to ATen's own kernel through the op's ``out=`` overload, which the override leaves
