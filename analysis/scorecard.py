@@ -160,9 +160,10 @@ LATER_COLUMNS = {"seeds_needed"}
 def keep(rows: pd.DataFrame, earlier: Path, claims_file: Path | None, skipped: set[str]
          ) -> tuple[pd.DataFrame, set[str], int]:
     """``rows`` with the rows of the scorecard.csv ``earlier`` whose claim (at its scale)
-    ``rows`` does not judge, in the claims file's order; the ids of ``skipped`` (claims without
-    runs) still without a row; how many rows were kept. A ValueError naming the claim where a
-    kept row's claim is not in the claims file or is stated otherwise now."""
+    ``rows`` does not judge (no row, or one without values of a cell: say the baseline's runs
+    are elsewhere), in the claims file's order; the ids of ``skipped`` (claims without runs)
+    still without a row; how many rows were kept. A ValueError naming the claim where a kept
+    row's claim is not in the claims file or is stated otherwise now."""
     old = read_card(earlier)
     for column in LATER_COLUMNS.difference(old.columns):
         old[column] = ""  # a scorecard from before the column: none computed ('—')
@@ -173,6 +174,9 @@ def keep(rows: pd.DataFrame, earlier: Path, claims_file: Path | None, skipped: s
     old = old[verdicts.COLUMNS]
     for column in NUMERIC:
         old[column] = [float(v) if v else math.nan for v in old[column]]
+    earlier_keys = set(zip(old["id"], old["scale"], strict=True))
+    rows = rows[[not (kind.startswith(verdicts.NO_VALUES) and (i, s) in earlier_keys)
+                 for i, s, kind in zip(rows["id"], rows["scale"], rows["interval"], strict=True)]]
     judged = set(zip(rows["id"], rows["scale"], strict=True))
     old = old[[(i, s) not in judged for i, s in zip(old["id"], old["scale"], strict=True)]]
     claims = {c.id: c for c in verdicts.load_claims(claims_file)}

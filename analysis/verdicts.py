@@ -370,6 +370,8 @@ def evaluate(frames: Frames, claims: list[Claim], scales: list[str] | None = Non
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+# How a row's interval starts where a cell of its claim has no values (no runs, or none usable).
+NO_VALUES = "none (no values of"
 COLUMNS = ["id", "claim", "sweep", "scale", "model", "a", "b", "effect", "statement", "published",
            "published_source", "ours", "low", "high", "interval", "n", "seeds", "verdict",
            "seeds_needed",
@@ -402,7 +404,7 @@ def _row(frames: Frames, claim: Claim, scale: str, cells: list[pd.DataFrame],
     missing = [c.label() for c, values in ((claim.a, a), (claim.b, b))
                if c is not None and values is not None and values.empty]
     result = interval(a, b, claim.effect) if not missing else \
-        Interval(math.nan, math.nan, math.nan, f"none (no values of {', '.join(missing)})", "0")
+        Interval(math.nan, math.nan, math.nan, f"{NO_VALUES} {', '.join(missing)})", "0")
     used = pd.concat(cells)
     made_by = provenance.cell(used)
     published, published_source = _published(claim, ref)

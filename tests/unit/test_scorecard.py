@@ -349,6 +349,14 @@ def test_keep_judges_what_the_runs_can_and_keeps_the_other_rows(tmp_path, capsys
                  str(tmp_path / "card3")]) == 0
     third = pd.read_csv(tmp_path / "card3" / "scorecard.csv", dtype=str, keep_default_na=False)
     assert list(third["seeds_needed"]) == ["", "", ""]  # judged again: a one-seed interval
+    # a claim whose baseline has no runs here keeps its earlier row too (not 'no values of')
+    _table1(tmp_path / "rank1", seeds=(0,))
+    for cell in ("accordion_rank2_rank1", "rank2"):
+        shutil.rmtree(tmp_path / "rank1" / cell)
+    assert main([str(tmp_path / "rank1"), "--keep", str(earlier), "--out",
+                 str(tmp_path / "card4")]) == 0
+    fourth = pd.read_csv(tmp_path / "card4" / "scorecard.csv", dtype=str, keep_default_na=False)
+    assert fourth.set_index("id").equals(before)
 
 
 def test_the_overview_counts_each_sweep_s_verdicts_against_its_claims(tmp_path, capsys):
