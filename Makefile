@@ -174,7 +174,7 @@ bench-numerics: $(VENV_STAMP) ## portable vs native numerics, the demo's rank-2 
 	$(PY) -m benchmarks.numerics $(ARGS)
 	@$(DOCS_REFRESH)
 
-bench-portable-step: $(VENV_STAMP) ## where a tiny training step's time goes under portable numerics (ResNet-18 and GoogLeNet), op by op, beside ATen's own loops (without core/exact_ops.py: the same bits) and the other CPU settings [ARGS="--steps 40"] -> results/bench/portable_step.{csv,md}
+bench-portable-step: $(VENV_STAMP) ## where a tiny training step's time goes under portable numerics (ResNet-18 and GoogLeNet), op by op, beside ATen's own loops (without core/exact_ops.py: the same bits) and the other CPU settings, their processes side by side in rounds of rotating order [ARGS="--steps 8 --rounds 5"] -> results/bench/portable_step.{csv,md}
 	$(PY) -m benchmarks.portable_step $(ARGS)
 	@$(DOCS_REFRESH)
 

@@ -1,7 +1,7 @@
 """`make bench-portable-step`: where one tiny training step's time goes under portable numerics,
 op by op, and what the other CPU settings would give; writes results/bench/portable_step.{csv,md}.
 
-    .venv/bin/python -m benchmarks.portable_step [--steps 40] [--profiled 10]
+    .venv/bin/python -m benchmarks.portable_step [--steps 8] [--rounds 5] [--profiled 10]
         [--models resnet18,googlenet]
 
 The step is one learner's share of a tiny CIFAR run (each model at width 8, a micro-batch of 16
@@ -24,10 +24,14 @@ MKL's faster reproducible branches (``MKL_CBWR=AVX2``, ...) are not candidates: 
 them as reproducible on Intel CPUs only (oneMKL developer guide, "Getting Started with
 Conditional Numerical Reproducibility"), while the COMPATIBLE branch is the one for any x86 CPU.
 
-Reported per setting: the median time per step over ``--steps`` timed steps (after 5 warm-up
-steps), the ratio to portable, the share of the profiled steps' self CPU time per kind of op
-(torch.profiler), and a hash of the parameters' gradients after one step from the same
-initialisation, to show which settings compute other bits. Run it on a quiet machine.
+The settings of a model run side by side: each one's process starts, warms up (5 steps) and
+waits; then ``--rounds`` rounds time ``--steps`` steps of each setting in turn, the order
+rotating from round to round (this VM's step times drift by a third within minutes: one
+setting after another would compare the drift). Reported per setting: the median time per step
+over all its rounds, each round's median (the spread), the ratio to portable, the share of the
+profiled steps' self CPU time per kind of op (torch.profiler), and a hash of the parameters'
+gradients after one step from the same initialisation, to show which settings compute other
+bits. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -71,8 +75,10 @@ def kind(op: str) -> str:
     return next((k for k, parts in KINDS.items() if any(p in op for p in parts)), "other")
 
 
-def child(model_name: str, steps: int, profiled: int) -> dict[str, Any]:
-    """In the setting's own process: time the step, profile it, hash one step's gradients."""
+def child(model_name: str, profiled: int) -> dict[str, Any]:
+    """In the setting's own process: hash one step's gradients, warm up, then time the steps
+    each line of stdin asks for (a line of their times, in ms, on stdout) until an empty line;
+    then profile the step. Returns the setting's row but for its times."""
     from core import exact_ops, numerics
     from core.provenance import collect, made_here
 
@@ -101,11 +107,14 @@ def child(model_name: str, steps: int, profiled: int) -> dict[str, Any]:
     grads = hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters()))
     for _ in range(4):
         step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    print("ready", flush=True)
+    for line in iter(sys.stdin.readline, "\n"):
+        times = []
+        for _ in range(int(line)):
+            start = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - start) * 1e3)
+        print(json.dumps(times), flush=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(profiled):
             step()
@@ -113,7 +122,7 @@ def child(model_name: str, steps: int, profiled: int) -> dict[str, Any]:
     for event in prof.key_averages():
         shares[kind(event.key)] += event.self_cpu_time_total
     total = sum(shares.values())
-    return {"ms_per_step": statistics.median(times) * 1e3, "grad_hash": grads.hexdigest()[:12],
+    return {"grad_hash": grads.hexdigest()[:12],
             "capability": torch.backends.cpu.get_cpu_capability(),
             "made_here": made_here(os.environ["BENCH_NUMERICS"]),
             "fingerprint": collect(os.environ["BENCH_NUMERICS"], 1, "benchmark")["fingerprint"],
@@ -122,31 +131,60 @@ def child(model_name: str, steps: int, profiled: int) -> dict[str, Any]:
             **{f"share {k}": v / total for k, v in shares.items()}}
 
 
-def measure(model: str, name: str, steps: int, profiled: int) -> dict[str, Any]:
-    """Run the setting ``name`` for ``model`` in its own process; its row."""
+def start(model: str, name: str, profiled: int) -> subprocess.Popen:
+    """The process of setting ``name`` for ``model``, warmed up and waiting for its rounds."""
     setting = SETTINGS[name]
     env = {**os.environ, **setting["env"], "BENCH_NUMERICS": setting["numerics"],
            "BENCH_APPLY": "1" if setting["apply"] else "0"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.portable_step", "--child",
-                           "--models", model, "--steps", str(steps), "--profiled",
-                           str(profiled)], capture_output=True, text=True, env=env, check=True)
-    return {"model": model, "setting": name, **json.loads(proc.stdout.strip().splitlines()[-1])}
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.portable_step", "--child",
+                             "--models", model, "--profiled", str(profiled)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"bench-portable-step: the {name} process for {model} failed")
+    return proc
+
+
+def measure(model: str, steps: int, rounds: int, profiled: int) -> list[dict[str, Any]]:
+    """Every setting's row for ``model``: its processes side by side, ``rounds`` rounds of
+    ``steps`` timed steps each, the order rotating."""
+    names = list(SETTINGS)
+    procs = {name: start(model, name, profiled) for name in names}
+    times: dict[str, list[list[float]]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            procs[name].stdin.write(f"{steps}\n")
+            procs[name].stdin.flush()
+            times[name].append(json.loads(procs[name].stdout.readline()))
+    rows = []
+    for name in names:
+        out, _ = procs[name].communicate("\n")
+        if procs[name].returncode != 0:
+            raise RuntimeError(f"bench-portable-step: the {name} process for {model} failed")
+        every = [t for one in times[name] for t in one]
+        rows.append({"model": model, "setting": name,
+                     "ms_per_step": statistics.median(every),
+                     "ms_rounds": " / ".join(f"{statistics.median(one):.0f}"
+                                             for one in times[name]),
+                     **json.loads(out.strip().splitlines()[-1])})
+    return rows
 
 
 def markdown(rows: list[dict[str, Any]], heading: str) -> str:
-    """The table: time per step, ratio to portable (the same model's), shares by kind of op,
-    gradients' hash."""
+    """The table: time per step (and per round), ratio to portable (the same model's), shares
+    by kind of op, gradients' hash."""
     base = {r["model"]: r["ms_per_step"] for r in reversed(rows)}  # each model's first row
     kinds = [k for k in rows[0] if k.startswith("share ")]
     shares = " | ".join(k.removeprefix("share ") for k in kinds)
     lines = [heading, "", "| model | setting | ATen kernels | MKL branch | oneDNN | exact_ops | "
-             f"ms per step | x portable | {shares} | gradients' hash | fingerprint |",
-             "| --- | --- | --- | --- | --- | --- | ---: | ---: | " + "---: | " * len(kinds)
-             + "--- | --- |"]
+             f"ms per step | ms per round | x portable | {shares} | gradients' hash | "
+             "fingerprint |",
+             "| --- | --- | --- | --- | --- | --- | ---: | --- | ---: | "
+             + "---: | " * len(kinds) + "--- | --- |"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['setting']} | {r['capability']} | {r['mkl']} | "
                      f"{'on' if r['mkldnn'] else 'off'} | {'on' if r['exact_ops'] else 'off'} | "
-                     f"{r['ms_per_step']:.1f} | {r['ms_per_step'] / base[r['model']]:.2f} | "
+                     f"{r['ms_per_step']:.1f} | {r['ms_rounds']} | "
+                     f"{r['ms_per_step'] / base[r['model']]:.2f} | "
                      + " | ".join(f"{100 * r[k]:.0f}%" for k in kinds)
                      + f" | {r['grad_hash']} | {r['fingerprint']} |")
     return "\n".join(lines) + "\n"
@@ -154,25 +192,26 @@ def markdown(rows: list[dict[str, Any]], heading: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profiled", type=int, default=10)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.models, args.steps, args.profiled)))
+        print(json.dumps(child(args.models, args.profiled)))
         return
     started, load = time.perf_counter(), os.getloadavg()[0]
-    rows = [measure(model, name, args.steps, args.profiled)
-            for model in args.models.split(",") for name in SETTINGS]
+    rows = [row for model in args.models.split(",")
+            for row in measure(model, args.steps, args.rounds, args.profiled)]
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "portable_step.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     options = " ".join(f"--{k} {v}" for k, v, default in (
-        ("steps", args.steps, 40), ("profiled", args.profiled, 10),
+        ("steps", args.steps, 8), ("rounds", args.rounds, 5), ("profiled", args.profiled, 10),
         ("models", args.models, ",".join(MODELS))) if v != default)
     command = "make bench-portable-step" + (f" ARGS='{options}'" if options else "")
     heading = (f"# Where a portable tiny step goes\n\nCommand: `{command}` "

@@ -33,7 +33,8 @@ print(hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters
 
 @pytest.mark.slow
 def test_each_setting_runs_as_named_and_portable_gives_a_portable_runs_bits(tmp_path):
-    portable_step.main(["--steps", "1", "--profiled", "1", "--out", str(tmp_path)])
+    portable_step.main(["--steps", "1", "--rounds", "2", "--profiled", "1", "--out",
+                        str(tmp_path)])
     with open(tmp_path / "portable_step.csv") as f:
         rows = {(r["model"], r["setting"]): r for r in csv.DictReader(f)}
     assert list(rows) == [(m, s) for m in portable_step.MODELS for s in portable_step.SETTINGS]
@@ -52,6 +53,7 @@ def test_each_setting_runs_as_named_and_portable_gives_a_portable_runs_bits(tmp_
             assert avx2["capability"] == "AVX2"
         assert native["mkldnn"] == str(torch.backends.mkldnn.is_available())
     assert rows["resnet18", "portable"]["grad_hash"] == reference
+    assert all(len(r["ms_rounds"].split(" / ")) == 2 for r in rows.values())  # each round
     for row in rows.values():
         shares = [float(v) for k, v in row.items() if k.startswith("share ")]
         assert math.isclose(sum(shares), 1.0, rel_tol=1e-6) and min(shares) >= 0
