@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp, \
             checkout(args.baseline) if args.baseline else contextlib.nullcontext() as base:
-        launch = ways(args.parallel)
-        order = [(w, o, ROOT) for w, o in launch.items()] if base is None else [
-            ("baseline", launch["fast"], base), ("this", launch["fast"], ROOT)]
+        launches = ways(args.parallel)
+        order = [(w, o, ROOT) for w, o in launches.items()] if base is None else [
+            ("baseline", launches["fast"], base), ("this", launches["fast"], ROOT)]
         for repeat in range(args.repeats):
             for way, launch, code in order if repeat % 2 == 0 else order[::-1]:
                 sweeps.append(run_sweep(way, launch, args, Path(tmp) / f"{way}{repeat}", code))
