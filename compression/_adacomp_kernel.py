@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from compression._native import Library, int64s, pointers
+from core.native import Library, int64s, pointers
 
 # Elements per group: the group's sent (and sign) bits are one byte of the message.
 GROUP = 8

@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from compression._native import Library, usable
+from core.native import Library, usable
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 LIBRARY = Library("grad_sum", {"grad_sum_add": ([_p, _p, _i64], ctypes.c_int)})

@@ -29,7 +29,7 @@ import ctypes
 
 import torch
 
-from compression._native import Library, int64s, pointers
+from core.native import Library, int64s, pointers
 
 LANES = 8  # columns per lane block: one AVX2 vector of float32
 ROWS = 8   # rows of M per block of psgd_back

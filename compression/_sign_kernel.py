@@ -17,7 +17,7 @@ import ctypes
 
 import torch
 
-from compression._native import Library, usable
+from core.native import Library, usable
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 LIBRARY = Library("sign", {

@@ -42,7 +42,7 @@ import ctypes
 
 import torch
 
-from compression._native import Library
+from core.native import Library
 
 # The radix select's two histograms: of the top HIGH_BITS bits of |acc| (bits 30..15), and of
 # the low LOW_BITS bits of the entries in one high bucket.

@@ -49,12 +49,12 @@ import torch
 from compression import _adacomp_kernel as _kernel
 from compression import register
 from compression._adacomp_kernel import GROUP, group_bytes
-from compression._native import usable
 from compression.base import Compressor, Layer, Scratch, Sent, divisor
 from compression.comm import Comm, Steps
 from compression.exchange import gather, layout, outbox, pack_bits, unpack_bits
 from compression.memory import ErrorFeedback
 from core.errors import check_bool, check_int
+from core.native import usable
 
 WORD_BITS = 32  # the fp32 scale of our wire format
 MAX_BIN = 1 << 24  # largest bin size L_T accepted

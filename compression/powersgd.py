@@ -52,12 +52,12 @@ import torch
 
 from compression import _powersgd_kernel as _kernel
 from compression import register
-from compression._native import usable
 from compression.base import Compressor, Layer, Sent, divisor
 from compression.comm import Comm, Steps
 from compression.memory import ErrorFeedback
 from compression.stats import FP32_BITS
 from core.errors import check_bool, check_int
+from core.native import usable
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ import torch
 
 from compression import _qsgd_kernel as _kernel
 from compression import blocks, register, rng
-from compression._native import usable
 from compression.base import Layer, divisor
 from compression.exchange import GatherCompressor, pack_bits, unpack_bits
 from core.errors import check_int
+from core.native import usable
 
 MAX_LEVELS = 1 << 16
 MAX_BUCKET = 1 << 24

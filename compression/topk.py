@@ -30,11 +30,11 @@ import torch
 
 from compression import _topk_kernel as _kernel
 from compression import register
-from compression._native import usable
 from compression.base import Layer, Scratch
 from compression.exchange import GatherCompressor
 from compression.memory import ErrorFeedback
 from core.errors import check_bool, check_choice, check_ratio
+from core.native import usable
 
 VALUE_AND_INDEX_BITS = 64  # fp32 value + int32 index
 REDUCTIONS = ("mean", "sum")

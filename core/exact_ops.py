@@ -21,7 +21,7 @@ these loops cannot).
 Inputs a loop does not take (other dtypes, layouts, shapes that broadcast, settings ATen
 refuses) go to ATen's own kernel through the op's ``out=`` overload, which the override leaves
 in place (and which raises ATen's errors). Without a C compiler nothing is replaced (one
-warning, from :class:`compression._native.Library`). The tests compare both ways bit for bit,
+warning, from :class:`core.native.Library`). The tests compare both ways bit for bit,
 edge cases included (NaN, +-0, +-inf, ties, padding, dilation, ceil mode).
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from compression._native import Library
+from core.native import Library
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 LIBRARY = Library("exact_ops", {

@@ -46,8 +46,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import data
 import models
-from compression._native import cache_dir
 from core.errors import ConfigError
+from core.native import cache_dir
 from core.record import flatten
 from jobs import runs
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import compression
-from compression._native import Library, compiler
+from core.native import Library, compiler
 
 
 # ---- compressors: simulated gradients, AdaComp's reference (test_compression.py and

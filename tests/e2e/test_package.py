@@ -30,7 +30,8 @@ for name in sys.argv[2:]:
     module = importlib.import_module(name)
     assert Path(module.__file__).is_relative_to(site), f"{name} from {module.__file__}"
 
-from compression import _adacomp_kernel, _native, _topk_kernel
+from compression import _adacomp_kernel, _topk_kernel
+from core import native as _native
 
 assert _native.KERNELS.is_relative_to(site), _native.KERNELS
 with warnings.catch_warnings():
@@ -63,7 +64,7 @@ def installed_files(site: Path) -> set[Path]:
 
 
 def module_name(path: Path) -> str:
-    """``compression/_native.py`` -> ``compression._native``; a package's ``__init__.py``: its
+    """``core/native.py`` -> ``core.native``; a package's ``__init__.py``: its
     name."""
     parts = path.with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -14,9 +14,9 @@ import torch
 
 import compression
 from compression import _adacomp_kernel as adacomp_kernel
-from compression._native import NO_AVX512_ENV, PORTABLE_ENV, STALE_S
 from compression.adacomp import AdaComp, pack_groups, unpack_groups
 from compression.base import Layer
+from core.native import NO_AVX512_ENV, PORTABLE_ENV, STALE_S
 from tests.conftest import ROOT
 from tests.references import (
     assert_outputs,

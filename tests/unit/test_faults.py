@@ -23,10 +23,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compression
 from compression import _grad_sum_kernel
-from compression._native import PORTABLE_ENV
 from compression.hook import comm_hook
 from core import record
 from core.errors import ConfigError
+from core.native import PORTABLE_ENV
 from jobs import faults
 from schedulers.accordion import History, replay
 from tests.conftest import ROOT, TINY, assert_ok, read_rows, run_cli

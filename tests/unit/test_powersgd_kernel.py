@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from compression import _powersgd_kernel as psgd_kernel
-from compression._native import PORTABLE_ENV
 from compression.base import Layer
 from compression.comm import SimComm, drive
 from compression.hook import aggregate_bucket
 from compression.powersgd import PowerSGD
 from core import numerics
+from core.native import PORTABLE_ENV
 from tests.conftest import ROOT
 from tests.references import bits_of, kernel_and_eager, random_steps, require_kernel
 

@@ -1,12 +1,14 @@
-"""Small C kernels for the compressors' CPU hot loops (and for core/exact_ops.py's, from
-``core/kernels/``): built once, cached, loaded with ctypes.
+"""Small C kernels for the CPU hot loops: built once, cached, loaded with ctypes. In core (the
+lowest layer) since both the compressors and core/exact_ops.py (from ``core/kernels/``) build
+theirs with it.
 
-The C sources are package data in ``compression/kernels/``: ``<name>.c`` for each kernel, which
-includes ``prelude.h`` (headers, ``X86``, ``use_avx2()``). A kernel is plain C (no torch headers,
-no ninja): it compiles in a fraction of a second with the system C compiler and is cached as
-``$XDG_CACHE_HOME/accordion-bench/<name>_<hash>.so``, keyed by the hash of its sources, compiler
-and flags (older builds of the same kernel are removed). Constants that Python and C share are
-defined here or in the kernel's Python module and handed to the compiler as ``-D`` flags.
+The compressors' C sources are package data in ``compression/kernels/``: ``<name>.c`` for each
+kernel, which includes ``prelude.h`` (headers, ``X86``, ``use_avx2()``). A kernel is plain C (no
+torch headers, no ninja): it compiles in a fraction of a second with the system C compiler and
+is cached as ``$XDG_CACHE_HOME/accordion-bench/<name>_<hash>.so``, keyed by the hash of its
+sources, compiler and flags (older builds of the same kernel are removed). Constants that Python
+and C share are defined here or in the kernel's Python module and handed to the compiler as
+``-D`` flags.
 Without a compiler, :meth:`Library.get` warns once and returns None, and the compressor runs its
 eager torch path, which the kernel must match bit for bit (the tests check it).
 """
@@ -35,7 +37,7 @@ STALE_S = 7 * 24 * 3600  # a build of other sources unused this long is removed
 Signature = tuple[list[Any], Any]  # ctypes argtypes, restype
 
 # The C sources, shipped with the package.
-KERNELS = Path(__file__).with_name("kernels")
+KERNELS = Path(__file__).resolve().parents[1] / "compression" / "kernels"  # Library's default
 # Set in the environment, this variable makes use_avx2() (kernels/prelude.h) false: the tests'
 # way to run the portable loops on any machine.
 PORTABLE_ENV = "ACCORDION_BENCH_PORTABLE"
