@@ -49,6 +49,7 @@ def project_files(source: Path) -> set[Path]:
     configs (and every other YAML file of a package), the published reference numbers the analysis
     reads and the benchmarks' data tables."""
     files = {source / "run.py", *(source / "compression" / "kernels").iterdir(),
+             *(source / "core" / "kernels").iterdir(),
              *(source / "analysis" / "reference").iterdir(), *(source / "benchmarks").glob("*.csv")}
     for folder in source.iterdir():
         if folder.is_dir() and folder.name not in ("tests", "tools"):
