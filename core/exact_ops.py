@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from core.native import Library
+from core.native import Library, usable
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 LIBRARY = Library("exact_ops", {
@@ -50,8 +50,8 @@ def threshold_backward(grad: torch.Tensor, self: torch.Tensor, threshold: Any) -
     output takes the layout of ``self`` whatever that of ``grad`` (a slice, say, of the gradient
     torch.cat's backward hands each input): here ``grad`` is copied to that layout first."""
     lib = LIBRARY.get()
-    if lib is None or not (grad.dtype == self.dtype == torch.float32 and grad.shape == self.shape
-                           and self.is_contiguous()):
+    if lib is None or not (usable(torch.float32, self) and grad.dtype == torch.float32
+                           and grad.shape == self.shape):
         out = grad.new_empty(0, dtype=torch.result_type(grad, self))
         return torch.ops.aten.threshold_backward.grad_input(grad, self, threshold,
                                                             grad_input=out)
@@ -83,8 +83,7 @@ def max_pool2d_with_indices(self: torch.Tensor, kernel_size: list[int], stride: 
                                     _pair(dilation, [1]))
     dh, dw = _pair(stride, [kh, kw])
     lib = LIBRARY.get()
-    if lib is not None and self.dtype == torch.float32 and self.dim() == 4 \
-            and self.numel() > 0 and self.is_contiguous() \
+    if lib is not None and usable(torch.float32, self) and self.dim() == 4 and self.numel() > 0 \
             and min(kh, kw, dh, dw, lh, lw) > 0 and 0 <= ph <= kh // 2 and 0 <= pw <= kw // 2:
         n, c, h, w = self.shape
         oh, ow = _pooled(h, kh, dh, ph, lh, ceil_mode), _pooled(w, kw, dw, pw, lw, ceil_mode)

@@ -76,9 +76,9 @@ def apply(mode: str) -> None:
         raise ConfigError(f"trainer.numerics: portable could not pin {', '.join(missed)} in this "
                           f"process (torch ran before the setting); start the process with "
                           f"{' '.join(f'{k}={v}' for k, v in PORTABLE_ENV.items())}")
-    from core import exact_ops  # after the pins: it imports the compressors' C plumbing
+    from core import exact_ops  # after the pins, as torch itself: it imports torch at the top
 
-    exact_ops.install()  # ATen's slowest DEFAULT kernel as a C loop with the same bits
+    exact_ops.install()  # ATen's slowest DEFAULT kernels as C loops with the same bits
 
 
 def _pin(torch: Any) -> list[str]:
