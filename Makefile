@@ -138,13 +138,13 @@ docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/c
 TEST_WORKERS ?= 2
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it [TEST_WORKERS=2]
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=5 tests/unit $(PYTEST_FLAGS)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests/ranks tests/e2e \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=5 tests/unit $(PYTEST_FLAGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 tests/ranks tests/e2e \
 		$(PYTEST_FLAGS)
 
 test-fast: $(VENV_STAMP) ## tests without the slow ones
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests/unit $(PYTEST_FLAGS)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests/ranks tests/e2e \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests/unit $(PYTEST_FLAGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests/ranks tests/e2e \
 		$(PYTEST_FLAGS)
 
 slurm-up: ## a single-node Slurm on this machine (root, Debian's packages; docs/slurm.md): for launcher=slurm_local and make test-slurm

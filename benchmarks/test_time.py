@@ -5,7 +5,8 @@ the machine, at each number of pytest-xdist workers; writes results/bench/test_t
 
 ``unit`` is ``tests/unit`` (in-process tests), ``slow`` is ``tests/ranks tests/e2e`` (tests that
 start ranks, sweeps or make), each ``PART:W`` of ``--runs`` run as ``make test`` runs it
-(``-n W --dist loadfile``; one worker: no xdist), in the order given. Reported per run: wall
+(``-n W --dist loadfile --no-loadscope-reorder``: whole files, the slowest first, as
+tests/conftest.py orders them; one worker: no xdist), in the order given. Reported per run: wall
 time, the machine's busy fraction over it (all CPUs, from ``/proc/stat``: what else ran counts
 too, so run it on a quiet machine), the CPU time of pytest and its children, pytest's summary
 line, and the 1-minute load average before and after. Every run must pass: a failing test stops
@@ -56,7 +57,8 @@ def cpu_ticks() -> tuple[int, int]:
 def run_part(part: str, workers: int, root: Path = ROOT) -> dict[str, Any]:
     """One pytest run of ``part`` on ``workers`` xdist workers in the checkout ``root``,
     measured."""
-    xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    xdist = (["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]
+             if workers > 1 else [])
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *xdist, *PARTS[part]]
     load_before = os.getloadavg()[0]
     busy0, idle0 = cpu_ticks()
