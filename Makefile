@@ -136,16 +136,16 @@ docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/c
 # time suits the second part too: one such test leaves part of 2 cores idle (process starts,
 # rendezvous, waits on peers and timeouts), two keep them busy (make bench-test-time).
 TEST_WORKERS ?= 2
+# Whole files per worker, in the order tests/conftest.py collects them (slowest first).
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(VENV_STAMP) ## the whole test suite (slow tests included), as CI runs it [TEST_WORKERS=2]
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=5 tests/unit $(PYTEST_FLAGS)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 tests/ranks tests/e2e \
-		$(PYTEST_FLAGS)
+	$(PY) -m pytest -q $(XDIST) --durations=5 tests/unit $(PYTEST_FLAGS)
+	$(PY) -m pytest -q $(XDIST) --durations=15 tests/ranks tests/e2e $(PYTEST_FLAGS)
 
 test-fast: $(VENV_STAMP) ## tests without the slow ones
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests/unit $(PYTEST_FLAGS)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests/ranks tests/e2e \
-		$(PYTEST_FLAGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests/unit $(PYTEST_FLAGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests/ranks tests/e2e $(PYTEST_FLAGS)
 
 slurm-up: ## a single-node Slurm on this machine (root, Debian's packages; docs/slurm.md): for launcher=slurm_local and make test-slurm
 	@slurm/up.sh
