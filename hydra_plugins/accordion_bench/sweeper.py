@@ -30,6 +30,10 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+# sbatch(1), --signal: "the signal may be sent up to 60 seconds earlier than specified"
+SLURM_EARLY_S = 60
+TASK_START_S = 10  # a task's interpreter starting, until task.py holds the signal (a loaded node)
+
 
 @dataclass
 class RunsSweeperConf:
@@ -128,12 +132,39 @@ def _record_failure(ret: JobReturn, root: Path, stamps: dict[str, Any]) -> str:
 
 
 def _check_launcher(cfg: DictConfig) -> None:
-    """ConfigError naming the field if the ddp launcher's counts are not integers >= 1."""
+    """ConfigError naming the field if the ddp launcher's counts are not integers >= 1, or if
+    the Slurm launcher's signal may come as a job starts (:func:`_check_slurm_signal`)."""
     from core.errors import check_int
 
+    launcher = cfg.hydra.launcher
     for key in ("nproc_per_node", "parallel"):
-        if key in cfg.hydra.launcher:
-            check_int(cfg.hydra.launcher[key], f"hydra.launcher.{key}", 1)
+        if key in launcher:
+            check_int(launcher[key], f"hydra.launcher.{key}", 1)
+    if str(launcher.get("_target_", "")).endswith(".SlurmJobsLauncher"):
+        _check_slurm_signal(launcher)
+
+
+def _check_slurm_signal(launcher: DictConfig) -> None:
+    """ConfigError unless submitit's signal (``--signal=USR2@signal_delay_s``) comes well after
+    a job (attempt) starts. Slurm may send it up to :data:`SLURM_EARLY_S` s before
+    ``signal_delay_s`` (sbatch(1), ``--signal``; slurmctld checks every 30 s and sends it once
+    ``now + signal_delay_s + 30 >= end``: send_job_warn_signal in src/slurmctld/job_mgr.c, 22.05),
+    and a task holds it only once its interpreter runs
+    (hydra_plugins/accordion_bench/task.py): a signal before that kills the task, and the job
+    fails instead of being requeued."""
+    from core.errors import ConfigError, check_int
+
+    limit_s = 60 * check_int(launcher.timeout_min, "hydra.launcher.timeout_min", 1)
+    delay_s = check_int(launcher.signal_delay_s, "hydra.launcher.signal_delay_s", 0)
+    margin_s = SLURM_EARLY_S + TASK_START_S
+    if delay_s > limit_s - margin_s:
+        fix = (f"at most {limit_s - margin_s} with timeout_min={limit_s // 60}"
+               if limit_s >= margin_s else f"and timeout_min >= {-(-margin_s // 60)}")
+        raise ConfigError(
+            f"hydra.launcher.signal_delay_s: expected an integer <= 60 * timeout_min - "
+            f"{margin_s} ({fix}), got {delay_s}: Slurm may send the signal up to "
+            f"{SLURM_EARLY_S} s early (sbatch --signal), which could reach a task in its first "
+            f"{TASK_START_S} s, before it holds the signal, and kill it")
 
 
 def _measured(cfg: DictConfig) -> Any:

@@ -163,18 +163,20 @@ def test_a_sweep_of_two_rank_slurm_jobs_completes(straight):
 
 
 def test_a_time_limit_requeues_the_job_which_resumes_bit_exactly(tmp_path):
-    # A 2-minute limit and submitit's signal 115 s before it. Slurm checks time limits every
-    # 30 s or so: the signal comes 5 to 35 s into each attempt (while it starts, or a few steps
-    # in). The ranks check for it every 96 steps (of 128 an epoch), so they stop at step 96 of
-    # an epoch, checkpoint, rank 0 requeues the job through submitit, and the requeued job
-    # resumes there. 3 epochs: on an idle machine the run outlasts the latest signal, on a
-    # loaded one each attempt's steps still fit in its 2 minutes. The run that never stopped:
-    # the same job without the limit.
+    # A 4-minute limit and submitit's signal 170 s before it: Slurm sends it at its check of time
+    # limits (every 30 s) once it is due within 30 s, 40 to 70 s into each attempt (while the
+    # job starts, or some steps in; never in a task's first instants, which would kill it: the
+    # sweep refuses a delay that could, test_config.py). The ranks check for it every 96 steps
+    # (of 128 an epoch), so they stop at step 96 of an epoch, checkpoint, rank 0 requeues the job
+    # through submitit, and the requeued job resumes there. 3 epochs: on an idle machine the run
+    # outlasts the latest signal; on a loaded one each attempt reaches its next check well within
+    # its 4 minutes (start, signal, up to 128 steps and a test). The run that never stopped: the
+    # same job without the limit.
     args = [*SLURM, "dataset.train_size=4096", "trainer.epochs=3", "method=rank2"]
     straight = tmp_path / "straight"
     finish(sweep([f"runs_root={straight}", *args]), timeout=900)
     proc = sweep([f"runs_root={tmp_path}", *args, "trainer.preempt_check_every=96",
-                  "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=115"])
+                  "hydra.launcher.timeout_min=4", "hydra.launcher.signal_delay_s=170"])
     with released():
         finish(proc, timeout=1800)
     (job_id,) = job_ids(tmp_path)

@@ -186,6 +186,30 @@ def test_submitit_local_gives_each_task_a_gpu():
     assert launcher("launcher=slurm").gpus_per_node == 4  # the same rule on Slurm
 
 
+@pytest.mark.parametrize(("limit", "delay", "error"), [
+    (2, 115, r"<= 60 \* timeout_min - 70 \(at most 50 with timeout_min=2\), got 115: Slurm "),
+    (4, 171, r"at most 170 with timeout_min=4\), got 171"),
+    (1, 0, r"\(and timeout_min >= 2\), got 0"),
+    (4, 170, None), (1440, 120, None),
+])
+def test_a_slurm_signal_that_may_come_as_a_job_starts_is_refused(limit, delay, error):
+    # sbatch --signal: up to 60 s early; at a job's start it would kill the tasks (the job fails
+    # instead of being requeued), so the sweep refuses it before submitting anything
+    from hydra_plugins.accordion_bench.sweeper import _check_launcher
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["launcher=slurm_local",
+                                           f"hydra.launcher.timeout_min={limit}",
+                                           f"hydra.launcher.signal_delay_s={delay}"],
+                      return_hydra_config=True)
+    if error is None:
+        _check_launcher(cfg)
+        return
+    with pytest.raises(ConfigError, match=r"^hydra\.launcher\.signal_delay_s: expected an "
+                                          r"integer .*" + error):
+        _check_launcher(cfg)
+
+
 def _visible_gpus() -> str:
     return os.environ["CUDA_VISIBLE_DEVICES"]
 
