@@ -62,11 +62,11 @@ CLAIM_SWEEP = $(PY) run.py -m sweep=claim_$(1) $(if $(filter $(SIM_CLAIMS),$(1))
 	zoo-sweep bench-simulated-memory claims smoke-gpu docs machines slurm-up slurm-down test-slurm \
 	$(addprefix reproduce-,$(SWEEPS)) $(addprefix claim-,$(CLAIMS) $(SIM_CLAIMS))
 
-install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml)
+install: $(VENV_STAMP) ## create .venv with every dependency (pyproject.toml; uv from pip's sources: tools/install.py)
 
 $(VENV_STAMP): pyproject.toml
 	python3.11 -m venv .venv
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m tools.install -e '.[dev]'
 	touch $(VENV_STAMP)
 
 demo: $(VENV_STAMP) ## tiny Table 1 in small: ResNet-18, rank 2 / rank 1 / Accordion, 2 simulated learners each, two runs at a time -> results/demo/ (its table printed); then the scorecard of table1's tiny runs (printed, and results/scorecard.*) and this machine's row of results/machines.md
@@ -122,7 +122,7 @@ dashboard: $(VENV_STAMP) ## build the W&B workspace of SWEEP's runs [SCALE=tiny]
 DOCS_STAMP := .venv/.docs-installed
 
 $(DOCS_STAMP): $(VENV_STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[docs]'
+	$(PY) -m tools.install -e '.[docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP) ## the documentation site -> build/site/: regenerates docs/config-reference.md and the results blocks, then mkdocs (strict: a warning fails it)
