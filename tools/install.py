@@ -23,20 +23,27 @@ import sys
 # pip's configuration keys and the uv options that take the same values (each value one option)
 OPTIONS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
            "find-links": "--find-links", "constraint": "--constraint"}
+# pip install's configuration sections, lowest precedence first (pip's ConfigOptionParser:
+# "global", the command's name, then the environment's PIP_* variables)
+SECTIONS = ("global", "install", ":env:")
 
 
 def pip_config() -> dict[str, list[str]]:
-    """pip's configured values by key (``global.find-links`` and ``PIP_FIND_LINKS`` alike are
-    ``find-links``); a key set in several places keeps every value, once."""
+    """The values ``pip install`` uses, by key (``global.find-links`` and ``PIP_FIND_LINKS``
+    alike are ``find-links``): as pip's option parser reads them, the sections ``global``, then
+    ``install``, then the ``PIP_*`` variables (``:env:``), a later one replacing a key's whole
+    value (a list too); other commands' sections do not apply."""
     listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], check=True,
                              capture_output=True, text=True).stdout
-    out: dict[str, list[str]] = {}
+    by_section: dict[str, dict[str, list[str]]] = {section: {} for section in SECTIONS}
     for line in listing.splitlines():
         name, _, value = line.partition("=")  # global.extra-index-url='file:///a file:///b'
-        key = name.rsplit(".", 1)[-1]
-        for item in str(ast.literal_eval(value)).split():
-            if item not in out.setdefault(key, []):
-                out[key].append(item)
+        section, _, key = name.partition(".")
+        if section in by_section:
+            by_section[section][key] = str(ast.literal_eval(value)).split()
+    out: dict[str, list[str]] = {}
+    for section in SECTIONS:
+        out.update(by_section[section])
     return out
 
 

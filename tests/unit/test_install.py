@@ -6,16 +6,27 @@ from __future__ import annotations
 from tools import install
 
 
-def test_pip_configuration_files_and_variables_are_read_with_every_value(tmp_path, monkeypatch):
+def test_pip_configuration_is_read_with_pips_precedence(tmp_path, monkeypatch):
+    """pip install's own rule: [global], then [install], then PIP_* variables, a later value
+    replacing the whole of an earlier one; another command's section does not apply."""
     conf = tmp_path / "pip.conf"
     conf.write_text("[global]\nextra-index-url = file:///a/simple file:///b/simple\n"
-                    "constraint = /c/constraints.txt\n[install]\nno-index = false\n")
+                    "constraint = /c/constraints.txt\nindex-url = file:///global\n"
+                    "find-links = /global-wheels\n"
+                    "[install]\nno-index = false\nindex-url = file:///install\n"
+                    "find-links = /install-wheels /more-wheels\n"
+                    "[download]\nconstraint = /download-only.txt\n")
     monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
-    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels")
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_FIND_LINKS", "/env-wheels")
     config = install.pip_config()
-    assert config["extra-index-url"][-2:] == ["file:///a/simple", "file:///b/simple"]
-    assert "/c/constraints.txt" in config["constraint"] and "/wheels" in config["find-links"]
+    assert config["extra-index-url"] == ["file:///a/simple", "file:///b/simple"]
+    assert config["constraint"] == ["/c/constraints.txt"]
+    assert config["index-url"] == ["file:///install"]
+    assert config["find-links"] == ["/env-wheels"]
     assert config["no-index"] == ["false"]
+    monkeypatch.setenv("PIP_INDEX_URL", "file:///env")
+    assert install.pip_config()["index-url"] == ["file:///env"]
 
 
 def test_each_source_becomes_its_uv_option_with_pips_index_rule():
