@@ -23,8 +23,14 @@ import pytest
 
 from analysis.wandb_runs import read_wandb_file, wandb_files
 from jobs import runs
-from tests.conftest import read_rows, same_rows, same_weights
-from tests.e2e.test_sweep_launch import finish, run_dirs, summary, sweep, two_rank_runs_completed
+from tests.e2e.test_sweep_launch import (
+    finish,
+    run_dirs,
+    same_run,
+    summary,
+    sweep,
+    two_rank_runs_completed,
+)
 
 
 def slurm_problem() -> str | None:
@@ -93,11 +99,25 @@ def wait_for(path: Path, proc: subprocess.Popen[str], deadline_s: float = 300) -
         time.sleep(0.1)
 
 
+def started_job(root: Path, proc: subprocess.Popen[str]) -> str:
+    """The id of the sweep's running job once both its tasks have started (submitit's line in
+    each task's log: from then on they hold a signal instead of dying of it)."""
+    job_id = running_job(root, proc)
+    deadline = time.monotonic() + 120
+    while not all("Starting with JobEnvironment" in task_log(root, job_id, "out", task)
+                  for task in (0, 1)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-5000:]
+        time.sleep(0.02)
+    return job_id
+
+
 @contextlib.contextmanager
-def released() -> Iterator[None]:
+def released(time_limit_min: int | None = None) -> Iterator[None]:
     """While the block runs, start every job that Slurm holds after a requeue, 3 s on (not at
     once: a requeued job started before the node has let go of the attempt before is killed,
-    "Killing non-startable batch JobId=...: Job credential revoked", and ends FAILED)."""
+    "Killing non-startable batch JobId=...: Job credential revoked", and ends FAILED), with its
+    time limit set to ``time_limit_min`` minutes where given."""
+    limit = [] if time_limit_min is None else [f"TimeLimit={time_limit_min}"]
     stop = threading.Event()
 
     def release() -> None:
@@ -108,8 +128,8 @@ def released() -> Iterator[None]:
                     continue
                 if datetime.fromisoformat(begin) - datetime.now() > timedelta(seconds=4):
                     # Slurm's hold after a requeue, not ours (that one is 3 s on already)
-                    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+3"],
-                                   capture_output=True, check=False)
+                    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+3",
+                                    *limit], capture_output=True, check=False)
 
     thread = threading.Thread(target=release, daemon=True)
     thread.start()
@@ -121,11 +141,11 @@ def released() -> Iterator[None]:
 
 
 def same_as_straight(straight: Path, run_dir: Path) -> None:
-    """The run completed in sync and ended bit for bit as the run that never stopped."""
+    """The run completed in sync and ended bit for bit as the run that never stopped: every
+    epoch's metrics and the whole final checkpoint (test_sweep_launch's ``same_run``)."""
     done = summary(run_dir)
     assert done["status"] == "completed" and done["params_in_sync"], done
-    same_rows(read_rows(straight), read_rows(run_dir))
-    same_weights(straight, run_dir)
+    same_run(straight, run_dir)
 
 
 def wandb_run(run_dir: Path) -> dict[str, str]:
@@ -163,20 +183,24 @@ def test_a_sweep_of_two_rank_slurm_jobs_completes(straight):
 
 def test_a_time_limit_requeues_the_job_which_resumes_bit_exactly(tmp_path):
     # A 4-minute limit and submitit's signal 170 s before it: Slurm sends it at its check of time
-    # limits (every 30 s) once it is due within 30 s, 40 to 70 s into each attempt (while the
-    # job starts, or some steps in; never in a task's first instants, which would kill it: the
-    # sweep refuses a delay that could, test_config.py). The ranks check for it every 96 steps
-    # (of 128 an epoch), so they stop at step 96 of an epoch, checkpoint, rank 0 requeues the job
-    # through submitit, and the requeued job resumes there. 3 epochs: on an idle machine the run
-    # outlasts the latest signal; on a loaded one each attempt reaches its next check well within
-    # its 4 minutes (start, signal, up to 128 steps and a test). The run that never stopped: the
-    # same job without the limit.
+    # limits (every 30 s) once it is due within 30 s, 40 to 70 s into an attempt (never in a
+    # task's first instants, which would kill it: the sweep refuses a delay that could,
+    # test_config.py). An idle machine can finish the whole run before that (a quiet run here
+    # took 56 s, and no signal came), so once the first attempt's tasks have started (they hold
+    # a signal from then on) its limit is cut to 3 minutes, which makes the signal due at once:
+    # Slurm sends it at its next check, within 30 s, while the run still has more than an epoch
+    # to go. Each requeued attempt gets its 4 minutes back before it starts. The ranks check for
+    # the signal every 96 steps (of 128 an epoch), so they stop at step 96 of an epoch,
+    # checkpoint, rank 0 requeues the job through submitit, and the requeued job resumes there
+    # (on a loaded machine a later attempt may be stopped the same way). The run that never
+    # stopped: the same job without the limit.
     args = [*SLURM, "dataset.train_size=4096", "trainer.epochs=3", "method=rank2"]
     straight = tmp_path / "straight"
     finish(sweep([f"runs_root={straight}", *args]), timeout=900)
     proc = sweep([f"runs_root={tmp_path}", *args, "trainer.preempt_check_every=96",
                   "hydra.launcher.timeout_min=4", "hydra.launcher.signal_delay_s=170"])
-    with released():
+    with released(time_limit_min=4):
+        slurm("scontrol", "update", f"JobId={started_job(tmp_path, proc)}", "TimeLimit=3")
         finish(proc, timeout=1800)
     (job_id,) = job_ids(tmp_path)
     restarts = int(job_info(job_id)["Restarts"])
@@ -200,12 +224,7 @@ def test_a_signal_while_the_job_starts_is_held_and_requeues_it(tmp_path, straigh
     # machine task 1 may start seconds after task 0, and a signal before its interpreter runs
     # kills it, which no process can hold: a .ci/run trial here did, signalled on task 0's line.)
     proc = sweep([f"runs_root={tmp_path}", *SLURM, "method=rank2"])
-    job_id = running_job(tmp_path, proc)
-    deadline = time.monotonic() + 120
-    while not all("Starting with JobEnvironment" in task_log(tmp_path, job_id, "out", task)
-                  for task in (0, 1)):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-5000:]
-        time.sleep(0.02)
+    job_id = started_job(tmp_path, proc)
     slurm("scancel", "--signal=USR2", job_id)
     with released():
         finish(proc, timeout=600)
