@@ -197,10 +197,12 @@ def test_a_time_limit_requeues_the_job_which_resumes_bit_exactly(tmp_path):
     args = [*SLURM, "dataset.train_size=4096", "trainer.epochs=3", "method=rank2"]
     straight = tmp_path / "straight"
     finish(sweep([f"runs_root={straight}", *args]), timeout=900)
+    limit_min = 4
     proc = sweep([f"runs_root={tmp_path}", *args, "trainer.preempt_check_every=96",
-                  "hydra.launcher.timeout_min=4", "hydra.launcher.signal_delay_s=170"])
-    with released(time_limit_min=4):
-        slurm("scontrol", "update", f"JobId={started_job(tmp_path, proc)}", "TimeLimit=3")
+                  f"hydra.launcher.timeout_min={limit_min}", "hydra.launcher.signal_delay_s=170"])
+    with released(time_limit_min=limit_min):
+        slurm("scontrol", "update", f"JobId={started_job(tmp_path, proc)}",
+              f"TimeLimit={limit_min - 1}")
         finish(proc, timeout=1800)
     (job_id,) = job_ids(tmp_path)
     restarts = int(job_info(job_id)["Restarts"])
